@@ -1,0 +1,42 @@
+"""What the decoding loop asks of a drafter: propose up to k tokens after the current context.
+
+A drafter may keep state (a KV cache, an index of the text so far); ``begin`` starts a new
+sequence and ``propose`` always receives the whole context, so a drafter can resynchronise itself
+after any rollback without being told what was accepted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from specdec.sampling import SamplingParams
+from specdec.types import Draft
+
+
+class Drafter(ABC):
+    """Proposes draft tokens; see :class:`specdec.types.Draft` for the contract on ``q``."""
+
+    name: str = "drafter"
+    params: SamplingParams = SamplingParams()
+    generator: torch.Generator | None = None
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
+        """Start a new sequence; ``generator`` is the one to draw sampled drafts from."""
+        self.params = params
+        self.generator = generator
+
+    @abstractmethod
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        """Up to ``k`` tokens to follow ``tokens`` (the prompt plus everything generated so far)."""
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding: never proposes anything."""
+
+    name = "none"
+
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        return Draft([])

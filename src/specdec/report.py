@@ -1,0 +1,42 @@
+"""Terminal rendering of a generation and its metrics (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from specdec.api import Output
+
+
+def print_generation(out: Output, baseline: Output | None = None, *, drafter: str = "",
+                     greedy: bool = True, console: Console | None = None) -> None:
+    """The generated text on stdout, then a metrics table (and the comparison with plain decoding)."""
+    console = console or Console()
+    console.print(out.text, markup=False, highlight=False)
+    err = Console(stderr=True) if console.file is None or console.is_terminal else console
+    table = Table(title=f"drafter: {drafter}", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("speculative" if baseline else "value", justify="right")
+    if baseline:
+        table.add_column("plain", justify="right")
+    s, b = out.stats, baseline.stats if baseline else None
+    rows = [
+        ("new tokens", s.new_tokens, b and b.new_tokens),
+        ("target forwards", s.target_forwards, b and b.target_forwards),
+        ("drafted / accepted", f"{s.drafted} / {s.accepted}", b and "-"),
+        ("acceptance rate", f"{s.acceptance_rate:.1%}", b and "-"),
+        ("mean accepted length", f"{s.mean_accepted_length:.2f}", b and f"{b.mean_accepted_length:.2f}"),
+        ("draft / verify s", f"{s.draft_s:.2f} / {s.verify_s:.2f}", b and f"- / {b.verify_s:.2f}"),
+        ("wall s", f"{s.wall_s:.2f}", b and f"{b.wall_s:.2f}"),
+        ("tokens/s", f"{s.tokens_per_s:.1f}", b and f"{b.tokens_per_s:.1f}"),
+    ]
+    for name, value, base in rows:
+        table.add_row(name, str(value), *([str(base)] if baseline else []))
+    err.print(table)
+    if baseline:
+        speedup = b.wall_s / s.wall_s if s.wall_s else 0.0
+        line = f"speed-up over plain decoding: [bold]{speedup:.2f}x[/bold]"
+        if greedy:
+            same = out.token_ids == baseline.token_ids
+            line += f"; identical tokens: {'yes' if same else '[red]NO[/red]'}"
+        err.print(line)
