@@ -6,7 +6,7 @@ The public surface: :func:`load` a model, then :meth:`Model.generate`; or, below
 
 from specdec.api import Model, Output, load
 from specdec.backends.base import Backend
-from specdec.decode import DecodeConfig, DecodeRun, Generation, decode
+from specdec.engine import DecodeConfig, DecodeRun, Generation, decode
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter

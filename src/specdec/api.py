@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.backends.base import Backend
-from specdec.decode import DecodeConfig, DecodeRun, FinishReason, Generation
+from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter

@@ -153,6 +153,7 @@ def _ensure_converted(gguf: Path, hf_dir: Path, report: Reporter) -> None:
     """Dequantize ``gguf`` into an fp32 safetensors folder once (MODELS.md section 4)."""
     if _is_hf_dir(hf_dir):
         return
+    _check_gguf(gguf)
     report(f"converting {gguf.name} to safetensors in {hf_dir} (once; about 20-60 s)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -177,6 +178,14 @@ def _ensure_converted(gguf: Path, hf_dir: Path, report: Reporter) -> None:
         if not _is_hf_dir(hf_dir):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+
+
+def _check_gguf(path: Path) -> None:
+    """Fail fast, before the slow conversion, on a file that is not a GGUF at all."""
+    with open(path, "rb") as fh:
+        header = fh.read(24)  # magic, version, tensor count, metadata count
+    if len(header) < 24 or header[:4] != b"GGUF":
+        raise SpecdecError(f"{path} is not a valid GGUF file (no GGUF header)")
 
 
 def _stderr_reporter(message: str) -> None:

@@ -17,20 +17,24 @@ class HFBackend(Backend):
         self.model = model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         layer_types = getattr(model.config, "layer_types", None) or []
-        # Sliding-window layers (Gemma 3) can only be cropped once they pass the window if they
-        # recorded the rows they evicted; full-attention models need no recording.
-        self._sliding = any("sliding" in str(t) for t in layer_types)
+        # Sliding-window layers (Gemma 3) past their window can only be rolled back if they kept
+        # (recorded) the rows they would have evicted; full-attention models need no recording.
+        self._window = getattr(model.config, "sliding_window", None) or 0
+        self._sliding = self._window > 0 and any("sliding" in str(t) for t in layer_types)
         self.reset()
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         if self._sliding:
             self.cache.activate_past_recording()
-        self._length = 0
+        self.tokens: list[int] = []
+        # Recorded sliding layers can undo only what was added since their last crop, which trims
+        # them back to the window: rolling back below this floor needs a recompute.
+        self._floor = 0
 
     @property
     def length(self) -> int:
-        return self._length
+        return len(self.tokens)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         if not tokens:
@@ -40,15 +44,22 @@ class HFBackend(Backend):
             # logits_to_keep=0 means "every position" in transformers.
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                              logits_to_keep=1 if last_only else 0)
-        self._length += len(tokens)
-        if self._sliding:
-            # With recording on, sliding layers keep every new row until the next crop; cropping by
-            # nothing trims them back to the window so memory stays bounded.
-            self.cache.crop(0)
+        self.tokens.extend(tokens)
         return out.logits[0].float()
 
     def truncate(self, length: int) -> None:
-        check_truncate(length, self._length)
-        if length < self._length:
-            self.cache.crop(length - self._length)  # a negative count drops that many tokens
-            self._length = length
+        check_truncate(length, len(self.tokens))
+        if not self.tokens:
+            return  # nothing cached (the cache layers are not even initialised yet)
+        if self._sliding and length < self._floor:
+            kept = self.tokens[:length]
+            self.reset()
+            self.prefill(kept)
+            return
+        if length < len(self.tokens) or self._sliding:
+            # A negative count drops that many tokens; for recorded sliding layers even crop(0)
+            # matters: it trims the rows kept since the last crop, so memory stays bounded.
+            self.cache.crop(length - len(self.tokens))
+        del self.tokens[length:]
+        if self._sliding and length >= self._window:
+            self._floor = length

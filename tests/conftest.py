@@ -1,0 +1,114 @@
+"""Shared fixtures: toy models, tiny transformers models and drafters with known behaviour."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.backends.toy import ToyLM
+from specdec.engine import DecodeConfig, decode
+from specdec.drafters.base import Drafter
+from specdec.types import Draft
+
+
+class ScriptDrafter(Drafter):
+    """Proposes from a known continuation: ``right=True`` is always right, ``False`` always wrong.
+
+    ``reference`` is the full plain-decoding sequence (prompt + output), so the drafter knows the
+    correct next tokens at every context length.
+    """
+
+    def __init__(self, reference: Sequence[int], vocab_size: int, right: bool = True) -> None:
+        self.reference = list(reference)
+        self.vocab_size = vocab_size
+        self.right = right
+        self.name = "oracle" if right else "anti-oracle"
+
+    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+        assert list(tokens) == self.reference[:len(tokens)], "context diverged from plain decoding"
+        nxt = self.reference[len(tokens):len(tokens) + k]
+        if not self.right:
+            nxt = [(t + 1) % self.vocab_size for t in nxt]
+        return Draft(nxt)
+
+
+def plain_tokens(lm: ToyLM, prompt: list[int], config: DecodeConfig) -> list[int]:
+    return decode(lm.backend(), prompt, config).token_ids
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A 2-layer random-weight Llama in float64: batched and incremental forwards agree to ~1e-15."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return LlamaForCausalLM(cfg).to(torch.float64).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3():
+    """A 2-layer random Gemma 3 with a 6-token sliding window, so rollbacks cross the window."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=6,
+                           layer_types=["sliding_attention", "full_attention"],
+                           max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return Gemma3ForCausalLM(cfg).to(torch.float64).eval()
+
+
+def _tiny_tokenizer(corpus: list[str], vocab_size: int):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1,
+                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+    return tok
+
+
+CORPUS = ["the quick brown fox jumps over the lazy dog " * 3, "speculative decoding drafts and verifies",
+          "hello world, hello there; general kenobi", "0123456789 + - * / = ( ) ."]
+
+
+def _save_tiny_model(path: Path, corpus: list[str], seed: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _tiny_tokenizer(corpus, 300)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A transformers folder (random tiny Llama + byte-level BPE tokenizer with a chat template)."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-a"), CORPUS, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory) -> Path:
+    """Another tiny model with the same tokenizer as ``tiny_model_dir`` (different weights)."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-draft"), CORPUS, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_other_vocab_dir(tmp_path_factory) -> Path:
+    """A tiny model whose tokenizer differs from ``tiny_model_dir``'s."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-b"), ["completely different text " * 5,
+                                                                 "zebra yak xylophone"], seed=3)

@@ -1,0 +1,91 @@
+"""Every backend: after any sequence of extends and rollbacks, logits equal a fresh forward over
+the same tokens (the cacheless oracle of nanoGPT's style)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.backends.hf import HFBackend
+from specdec.backends.toy import ToyLM
+from specdec.engine import DecodeConfig, decode
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.policies import FixedK
+
+
+def fresh_logits(make_backend, tokens: list[int]) -> torch.Tensor:
+    backend = make_backend()
+    return backend.extend(tokens)
+
+
+def random_walk(make_backend, vocab: int, seed: int, steps: int = 25, atol: float = 1e-9) -> int:
+    """Random extends and truncates; compare each extend's logits with a fresh full forward."""
+    rng = random.Random(seed)
+    backend = make_backend()
+    seq: list[int] = []
+    checked = 0
+    for _ in range(steps):
+        if seq and rng.random() < 0.4:
+            keep = rng.randint(0, len(seq))
+            backend.truncate(keep)
+            del seq[keep:]
+            assert backend.length == keep
+        new = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
+        got = backend.extend(new)
+        seq += new
+        assert backend.length == len(seq)
+        want = fresh_logits(make_backend, seq)[-len(new):]
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=atol, rtol=0), (got - want).abs().max()
+        last = backend.extend([1], last_only=True)  # the drafter's path, then undo it
+        assert last.shape == (1, backend.vocab_size)
+        assert torch.allclose(last[0], fresh_logits(make_backend, seq + [1])[-1], atol=atol, rtol=0)
+        backend.truncate(len(seq))
+        checked += 1
+    return checked
+
+
+def test_toy_backend_contract():
+    lm = ToyLM(12, 2, seed=0)
+    assert random_walk(lm.backend, 12, seed=1) == 25
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hf_backend_contract(request, which, seed):
+    model = request.getfixturevalue(which)
+    assert random_walk(lambda: HFBackend(model), 96, seed=seed, steps=30) == 30
+
+
+def test_hf_backend_rollback_past_the_sliding_window(tiny_gemma3):
+    """Gemma 3's sliding layers (window 6 here) must restore evicted rows on rollback."""
+    backend = HFBackend(tiny_gemma3)
+    seq = list(range(3, 23))  # 20 tokens: far past the window
+    backend.extend(seq)
+    backend.truncate(12)  # back inside what the window had evicted
+    got = backend.extend([5, 6, 7])
+    want = fresh_logits(lambda: HFBackend(tiny_gemma3), seq[:12] + [5, 6, 7])[-3:]
+    assert torch.allclose(got, want, atol=1e-9, rtol=0)
+
+
+def test_truncate_beyond_length_is_refused(tiny_llama):
+    backend = HFBackend(tiny_llama)
+    backend.extend([1, 2, 3])
+    with pytest.raises(ValueError, match="cannot truncate"):
+        backend.truncate(4)
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3"])
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_greedy_exact_on_hf_backend(request, which, k):
+    model = request.getfixturevalue(which)
+    prompt = [1, 5, 9, 5, 9, 5, 9, 11]
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=frozenset({2}))
+    plain = decode(HFBackend(model), prompt, cfg)
+    for drafter in (NgramDrafter(), ModelDrafter(HFBackend(model))):
+        spec = decode(HFBackend(model), prompt, cfg, drafter, FixedK(k))
+        assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate == 1.0  # the same model as drafter agrees with itself
