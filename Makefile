@@ -1,0 +1,22 @@
+# Two entry points (see README): `make demo` sets up and runs the main job, `make test` runs the tests.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PROMPT  ?= Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.
+MODEL   ?= smollm2-135m
+
+.PHONY: setup demo test
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the local CPU wheel first: an unpinned resolution would pull a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/specdec generate "$(PROMPT)" --model $(MODEL) --chat --compare --max-new-tokens 96
+
+test: setup
+	$(PY) -m pytest
