@@ -49,3 +49,31 @@ def test_bad_sizes_are_refused():
         NgramDrafter(max_ngram=1, min_ngram=2)
     with pytest.raises(SpecdecError):
         NgramDrafter(max_ngram=3, min_ngram=0)
+
+
+def test_most_frequent_continuation_beats_the_latest():
+    # [1] was followed by 2 twice and by 3 once (latest): the majority wins.
+    assert propose([1, 2, 1, 2, 1, 3, 9, 1], 1, max_ngram=1) == [2]
+
+
+def test_confidence_grows_with_the_length_of_the_match():
+    short = NgramDrafter().propose([5, 6, 9, 8, 7, 6], 1)  # matches only "6"
+    long = NgramDrafter().propose([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 1)  # matches 6 tokens
+    assert short.tokens == long.tokens == [9]
+    assert short.features[0][0] == 1 and long.features[0][0] == 6
+    assert long.confidence[0] > short.confidence[0] + 0.2
+
+
+def test_observe_calibrates_the_confidence_online():
+    drafter = NgramDrafter()
+    tokens = [5, 6, 9, 8, 7, 6]
+    before = drafter.propose(tokens, 1)
+    for _ in range(50):
+        drafter.observe(before, 1)  # always accepted
+    assert drafter.propose(tokens, 1).confidence[0] > 0.9 > before.confidence[0]
+
+
+def test_index_follows_a_context_that_is_rolled_back():
+    drafter = NgramDrafter()
+    assert drafter.propose([1, 2, 3, 1, 2], 1).tokens == [3]
+    assert drafter.propose([7, 8, 7], 1).tokens == [8]  # not an extension: re-indexed from scratch

@@ -85,7 +85,7 @@ def test_self_speculation_with_bf16_weights_is_exact(real):
     """A bf16 copy of the target as drafter (self-speculation): cheaper, same tokenizer, exact."""
     draft_hf = type(real.hf_model)(real.hf_model.config).to(torch.bfloat16).eval()
     draft_hf.load_state_dict(real.hf_model.state_dict())
-    draft = specdec.Model(f"{real.name}-bf16", draft_hf, real.tokenizer)
+    draft = specdec.Model.from_hf(f"{real.name}-bf16", draft_hf, real.tokenizer)
     ids = real.encode(prompts()["writing"], chat=real.has_chat_template)
     plain = real.generate(ids, max_new_tokens=24, drafter="none")
     spec = real.generate(ids, max_new_tokens=24, drafter="model", draft_model=draft, num_draft=4)

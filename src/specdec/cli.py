@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec.api import DRAFTERS, DTYPES
+    from specdec.api import BACKENDS, DRAFTERS, DTYPES, POLICIES
     from specdec.models import ALIASES, DEFAULT_MODEL
 
     parser = _Parser(prog="specdec", description="Lossless speculative decoding for LLM generation.")
@@ -35,7 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--drafter", default="ngram", choices=DRAFTERS,
                      help="none: plain decoding; ngram: prompt lookup; model: --draft-model (default: ngram)")
     gen.add_argument("--draft-model", help="the drafter model for --drafter model (same tokenizer)")
-    gen.add_argument("--num-draft", type=int, default=4, metavar="K", help="draft tokens per step (default: 4)")
+    gen.add_argument("--num-draft", type=int, default=None, metavar="K",
+                     help="draft tokens per step: the most with --policy adaptive (default 12), "
+                          "exactly K with --policy fixed (default 4)")
+    gen.add_argument("--policy", default="adaptive", choices=POLICIES,
+                     help="adaptive: verify only what pays on this machine's cost curve; fixed: always K "
+                          "(default: adaptive)")
+    gen.add_argument("--backend", default="transformers", choices=BACKENDS,
+                     help="model runtime (default: transformers; llamacpp needs specdec[llamacpp])")
     gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="default: 128")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
@@ -57,7 +64,7 @@ def check_generate_args(args: argparse.Namespace) -> None:
 
     if not args.prompt.strip():
         raise SpecdecError("the prompt is empty")
-    if args.num_draft < 1:
+    if args.num_draft is not None and args.num_draft < 1:
         raise SpecdecError(f"--num-draft must be >= 1, got {args.num_draft}")
     if args.max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -73,10 +80,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.api import load
 
     _quiet_libraries()
-    model = load(args.model, dtype=args.dtype)
-    draft_model = load(args.draft_model, dtype=args.dtype) if args.draft_model else None
+    model = load(args.model, dtype=args.dtype, backend=args.backend)
+    draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
     kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,
-                  num_draft=args.num_draft, temperature=args.temperature, top_k=args.top_k,
+                  num_draft=args.num_draft, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat)
     prompt_ids = model.encode(args.prompt, chat=args.chat)
     baseline = None

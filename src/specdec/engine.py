@@ -100,7 +100,8 @@ class DecodeRun:
                 if done:
                     break
             tokens.extend(emitted)
-            self.policy.observe(len(draft), verdict.num_accepted)
+            self.drafter.observe(draft, verdict.num_accepted)
+            self.policy.observe(len(draft), verdict.num_accepted, t2 - t1)
             stats.target_forwards += 1
             stats.draft_forwards += draft.forwards
             stats.record_acceptance(len(draft), min(verdict.num_accepted, len(emitted)))
@@ -116,15 +117,16 @@ class DecodeRun:
 
     def _draft(self, tokens: list[int], remaining: int) -> Draft:
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
-        k = min(self.policy.next_k(), remaining - 1)
+        k = min(self.policy.max_k(), remaining - 1)
         if k <= 0:
             return Draft([])
         draft = self.drafter.propose(tokens, k).truncated(k)
         eos = self.config.eos_token_ids
         for i, tok in enumerate(draft.tokens):
             if tok in eos:  # nothing after an end-of-sequence token can be kept
-                return draft.truncated(i + 1)
-        return draft
+                draft = draft.truncated(i + 1)
+                break
+        return draft.truncated(self.policy.choose(draft)) if draft.tokens else draft
 
     def _finished(self, token: int) -> bool:
         res = self.result

@@ -21,6 +21,11 @@ class Draft:
     tokens: list[int]
     q: torch.Tensor | None = None  # [len(tokens), V] float32, or None for one-hot
     forwards: int = 0  # drafter model forward passes spent on this draft
+    # [len(tokens)]: the drafter's estimate that token i is accepted given tokens < i were; a
+    # draft-length policy weighs these against the cost of verifying more tokens.
+    confidence: list[float] | None = None
+    # Drafter-private per-token data it wants back in Drafter.observe (e.g. features it learns from).
+    features: list | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -29,7 +34,9 @@ class Draft:
         """The first ``n`` proposed tokens (the forward count is what was already spent)."""
         if n >= len(self.tokens):
             return self
-        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.forwards)
+        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.forwards,
+                     None if self.confidence is None else self.confidence[:n],
+                     None if self.features is None else self.features[:n])
 
 
 @dataclass

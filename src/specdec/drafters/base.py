@@ -32,6 +32,9 @@ class Drafter(ABC):
     def propose(self, tokens: Sequence[int], k: int) -> Draft:
         """Up to ``k`` tokens to follow ``tokens`` (the prompt plus everything generated so far)."""
 
+    def observe(self, draft: Draft, num_accepted: int) -> None:
+        """Feedback after verification: the first ``num_accepted`` tokens of ``draft`` were kept."""
+
 
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: never proposes anything."""

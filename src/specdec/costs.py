@@ -1,0 +1,126 @@
+"""The cost curve: how long one target forward takes for n new tokens, measured on this machine.
+
+On a CPU, verifying k draft tokens (a forward of k+1 tokens) can cost much more than decoding one
+token, so whether a draft pays depends on this curve; the adaptive policy and ``specdec bench
+--cost-curve`` both read it from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.backends.base import Backend
+from specdec.models import cache_root
+
+
+def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Sequence[int],
+                          repeats: int = 3) -> dict[int, float]:
+    """Median seconds of one ``extend`` of n tokens after ``context``, for each n in ``sizes``.
+
+    Sizes are interleaved within each repeat so machine noise hits all of them alike; the cache is
+    rolled back to ``context`` after every forward.
+    """
+    backend.reset()
+    backend.prefill(context)
+    base = backend.length
+    pool = list(context) or [0]
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    backend.extend(pool[:1])  # warm-up: first calls allocate
+    backend.truncate(base)
+    for _ in range(repeats):
+        for n in sizes:
+            tokens = (pool * (n // len(pool) + 1))[:n]
+            t0 = time.perf_counter()
+            backend.extend(tokens)
+            samples[n].append(time.perf_counter() - t0)
+            backend.truncate(base)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+@dataclass
+class CostModel:
+    """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
+
+    Built from measurements at a few sizes; sizes in between are interpolated linearly and sizes
+    past the largest are extrapolated from the last two points. Only ratios matter to the policy,
+    and those barely move with the context length, so the curve is not updated while decoding.
+    """
+
+    seconds: dict[int, float]
+    _sizes: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.seconds:
+            raise ValueError("a cost model needs at least one measurement")
+        self.seconds = dict(self.seconds)
+        self._sizes = sorted(self.seconds)
+
+    def forward(self, n: int) -> float:
+        """Estimated seconds for a forward of ``n`` new tokens."""
+        if n in self.seconds:
+            return self.seconds[n]
+        sizes = self._sizes
+        if n <= sizes[0]:
+            return self.seconds[sizes[0]]
+        if n >= sizes[-1]:
+            if len(sizes) == 1:
+                return self.seconds[sizes[-1]] * n / sizes[-1]
+            a, b = sizes[-2], sizes[-1]
+        else:
+            b = next(s for s in sizes if s > n)
+            a = max(s for s in sizes if s < n)
+        slope = (self.seconds[b] - self.seconds[a]) / (b - a)
+        return max(self.seconds[a] + slope * (n - a), 1e-9)
+
+    def ratio(self, n: int) -> float:
+        """Cost of a forward of ``n`` tokens relative to one token."""
+        return self.forward(n) / self.forward(1)
+
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+
+
+def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 3) -> CostModel:
+    """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine.
+
+    Measurements are cached as JSON under the specdec cache (``costs/``); delete a file to
+    re-measure, e.g. after moving to a busier or quieter machine.
+    """
+    path = cache_root() / "costs" / f"{_safe(key)}.json"
+    try:
+        seconds = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
+        return CostModel(seconds)
+    except (OSError, ValueError, AttributeError):
+        pass
+    seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({str(n): s for n, s in seconds.items()}))
+    os.replace(tmp, path)
+    return CostModel(seconds)
+
+
+def machine_tag() -> str:
+    """What the cost curve depends on besides the model: CPU model and torch's thread count."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}-{torch.get_num_threads()}t"
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in text)[:150]

@@ -1,0 +1,70 @@
+"""Draft-length policies and the cost model they read."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.costs import CostModel, measure_forward_costs
+from specdec.backends.toy import ToyLM
+from specdec.drafters.acceptance import AcceptanceTable
+from specdec.errors import SpecdecError
+from specdec.policies import AdaptiveK, FixedK
+from specdec.types import Draft
+
+STEEP = CostModel({1: 1.0, 2: 1.8, 4: 2.6, 8: 4.0})  # llama.cpp-like: every token costs
+FLAT = CostModel({1: 1.0, 2: 1.05, 8: 1.2})  # GPU-like: verification is nearly free
+
+
+def draft(conf):
+    return Draft(list(range(len(conf))), confidence=conf)
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    assert STEEP.forward(3) == pytest.approx(2.2)
+    assert STEEP.forward(12) == pytest.approx(5.4)
+    assert STEEP.ratio(8) == 4.0
+    assert CostModel({1: 2.0}).forward(3) == pytest.approx(6.0)
+
+
+def test_unsure_drafts_are_not_verified_when_verification_is_expensive():
+    assert AdaptiveK(STEEP).choose(draft([0.5, 0.5, 0.5])) == 0
+
+
+def test_sure_drafts_are_verified_whole():
+    assert AdaptiveK(STEEP).choose(draft([0.99] * 7)) == 7
+    assert AdaptiveK(FLAT).choose(draft([0.9] * 7)) == 7
+
+
+def test_the_best_prefix_stops_before_a_weak_token():
+    assert AdaptiveK(STEEP).choose(draft([0.99, 0.99, 0.99, 0.05, 0.99])) == 3
+
+
+def test_drafts_without_confidence_use_the_running_acceptance():
+    policy = AdaptiveK(STEEP, prior_acceptance=0.9)
+    assert policy.choose(Draft([1, 2, 3])) == 3
+    for _ in range(60):
+        policy.observe(3, 0, 0.0)  # everything rejected
+    assert policy.acceptance < 0.05
+    assert policy.choose(Draft([1, 2, 3])) == 0
+
+
+def test_k_must_be_positive():
+    with pytest.raises(SpecdecError):
+        FixedK(0)
+    with pytest.raises(SpecdecError):
+        AdaptiveK(FLAT, k=0)
+
+
+def test_acceptance_table_censors_tokens_after_the_first_rejection():
+    table = AcceptanceTable(prior=lambda f: 0.5, bucket=lambda f: f, strength=2.0)
+    table.update([("a",), ("b",), ("c",)], num_accepted=1)
+    assert table.counts == {("a",): [1.0, 1.0], ("b",): [0.0, 1.0]}  # "c" was never judged
+    assert table.estimate(("a",)) == pytest.approx(2 / 3)
+    assert table.estimate(("c",)) == 0.5
+
+
+def test_measure_forward_costs_restores_the_cache():
+    backend = ToyLM(8, 2).backend()
+    costs = measure_forward_costs(backend, [1, 2, 3, 4], sizes=[1, 2, 5], repeats=2)
+    assert set(costs) == {1, 2, 5} and all(v > 0 for v in costs.values())
+    assert backend.tokens == [1, 2, 3, 4]  # the context only: every measured forward was undone
