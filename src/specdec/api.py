@@ -20,6 +20,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
 from specdec.models import DEFAULT_MODEL, Reporter, resolve
+from specdec import kernels
 from specdec.costs import CostModel, calibrated, machine_tag
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.policies import AdaptiveK, DraftPolicy, FixedK
@@ -121,18 +122,29 @@ class Model:
         self.eos_token_ids = eos
         self.backend_name = backend_name
         self.hf_model = hf_model
+        self.kernels = "stock"
         self._costs: CostModel | None = None
         self._tables: dict[str, AcceptanceTable] = {}
 
     @classmethod
-    def from_hf(cls, name: str, hf_model, tokenizer, fast_head: bool = True) -> Model:
-        """Wrap a loaded transformers causal LM (``fast_head``: see ``backends.hf.fast_lm_head_forward``)."""
-        from specdec.backends.hf import HFBackend, use_fast_lm_head
+    def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = True) -> Model:
+        """Wrap a loaded transformers causal LM.
 
-        if fast_head:
-            use_fast_lm_head(hf_model)
+        ``tune_kernels`` routes its linear layers through the matmul formulation measured fastest
+        on this machine for each row count (:mod:`specdec.kernels`; measured once, then cached):
+        it makes verifying a few tokens cost about as much as decoding one.
+        """
+        from specdec.backends.hf import HFBackend
+
+        # bf16 kernels are already nearly flat in the row count (measured: Gemma 52-73 ms for 1-16
+        # rows) and the rerouting did not help them, so only fp32 models are tuned.
+        tune_kernels = tune_kernels and hf_model.dtype == torch.float32
+        if tune_kernels:
+            kernels.install(hf_model, kernels.tuned(hf_model, f"{name}-{hf_model.dtype}-{machine_tag()}"))
         eos = _eos_ids(getattr(hf_model, "generation_config", None), tokenizer)
-        return cls(name, tokenizer, lambda: HFBackend(hf_model), eos=eos, hf_model=hf_model)
+        model = cls(name, tokenizer, lambda: HFBackend(hf_model), eos=eos, hf_model=hf_model)
+        model.kernels = "tuned" if tune_kernels else "stock"
+        return model
 
     # -- tokens ---------------------------------------------------------------------------------
     @property
@@ -204,7 +216,7 @@ class Model:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""
         if self._costs is None:
             dtype = getattr(self.hf_model, "dtype", "gguf")
-            key = f"{self.name}-{self.backend_name}-{dtype}-{machine_tag()}"
+            key = f"{self.name}-{self.backend_name}-{dtype}-{self.kernels}-{machine_tag()}"
             context = (self.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
             self._costs = calibrated(key, self.backend(), context)
         return self._costs

@@ -3,46 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.backends.base import Backend, check_truncate
-
-
-def fast_lm_head_forward(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The LM head as ``W @ h.T`` for the few rows that decoding and verification produce.
-
-    Measured on this CPU (fp32, 2 threads, Gemma's 262144 x 640 head): ``F.linear`` takes 57 ms for
-    1 row and 110-190 ms for 2-8 rows, while ``W @ h.T`` takes 21-46 ms for 2-8 rows; one row is
-    computed as two (the row twice, 21 ms) for the same reason. Verifying k tokens then costs
-    little more than decoding one, which is what speculative decoding needs. bf16 weights keep
-    ``F.linear``: their kernels are flat in the row count already.
-    """
-    h = x.reshape(-1, x.shape[-1])
-    rows = h.shape[0]
-    if rows > FAST_HEAD_MAX_ROWS or head.weight.dtype != torch.float32:
-        return torch.nn.functional.linear(x, head.weight, head.bias)
-    pair = torch.cat([h, h]) if rows == 1 else h
-    out = (head.weight @ pair.t())[:, :rows].t()
-    if head.bias is not None:
-        out = out + head.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-FAST_HEAD_MAX_ROWS = 32
-
-
-def use_fast_lm_head(model: PreTrainedModel) -> None:
-    """Route ``model``'s output projection through :func:`fast_lm_head_forward`.
-
-    Patches the module's ``forward`` only, so parameters and ``state_dict`` keys are unchanged.
-    """
-    head = model.get_output_embeddings()
-    if isinstance(head, torch.nn.Linear) and not getattr(head, "_specdec_fast", False):
-        head.forward = partial(fast_lm_head_forward, head)
-        head._specdec_fast = True
 
 
 class HFBackend(Backend):

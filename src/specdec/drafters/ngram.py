@@ -113,8 +113,9 @@ def ngram_bucket(feats: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def ngram_prior(feats: tuple[int, int, int]) -> float:
-    """Logistic fit of acceptance on greedy Spec-Bench outputs of SmolLM2 and Gemma 3 (see README)."""
+    """Prior P(accept): a logistic fit on 122k draft tokens of greedy Spec-Bench outputs (80 prompts x
+    128 tokens, SmolLM2-135M-Instruct and Gemma-3-270M), refined online per bucket."""
     match, agreement, count = feats
-    z = (-3.16 + 1.086 * math.log(match) + 1.14 * agreement / 100 + 1.398 * (agreement == 100)
-         + 1.249 * math.log(count))
+    z = (-4.222 + 1.289 * math.log(match) + 2.079 * agreement / 100 + 1.584 * (agreement == 100)
+         + 1.24 * math.log(count))
     return 1.0 / (1.0 + math.exp(-z))
