@@ -27,7 +27,7 @@ class ScriptDrafter(Drafter):
         self.right = right
         self.name = "oracle" if right else "anti-oracle"
 
-    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, stop=None) -> Draft:
         assert list(tokens) == self.reference[:len(tokens)], "context diverged from plain decoding"
         nxt = self.reference[len(tokens):len(tokens) + k]
         if not self.right:

@@ -11,7 +11,8 @@ from specdec.backends.toy import ToyLM
 from specdec.engine import DecodeConfig, decode
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.policies import FixedK
+from specdec.costs import CostModel
+from specdec.policies import AdaptiveK, FixedK
 
 DRAFTER_KINDS = ["ngram", "ngram1", "same-model", "noisy-model", "random-model", "oracle", "anti-oracle"]
 
@@ -41,14 +42,17 @@ def make_drafter(kind: str, lm: ToyLM, reference: list[int], seed: int):
     max_new=st.integers(1, 40),
     eos=st.sets(st.integers(0, 11), max_size=2),
     kind=st.sampled_from(DRAFTER_KINDS),
+    adaptive=st.booleans(),
+    slope=st.floats(0.0, 1.0),
 )
-def test_greedy_equals_plain(vocab, order, seed, scale, prompt, k, max_new, eos, kind):
+def test_greedy_equals_plain(vocab, order, seed, scale, prompt, k, max_new, eos, kind, adaptive, slope):
     lm = ToyLM(vocab, order, seed=seed, scale=scale)
     prompt = [t % vocab for t in prompt]
     cfg = DecodeConfig(max_new_tokens=max_new, eos_token_ids=frozenset(e % vocab for e in eos))
     plain = decode(lm.backend(), prompt, cfg)
     drafter = make_drafter(kind, lm, prompt + plain.token_ids, seed)
-    spec = decode(lm.backend(), prompt, cfg, drafter, FixedK(k))
+    policy = AdaptiveK(CostModel({1: 1.0, 9: 1.0 + 8 * slope}), k) if adaptive else FixedK(k)
+    spec = decode(lm.backend(), prompt, cfg, drafter, policy)
     assert spec.token_ids == plain.token_ids
     assert spec.finish_reason == plain.finish_reason
     assert len(spec.token_ids) <= max_new
@@ -124,3 +128,23 @@ def test_plain_decoding_is_argmax_of_a_fresh_forward():
     for tok in out:
         assert tok == int(lm.logits(seq).argmax())
         seq.append(tok)
+
+
+def test_adaptive_policy_stops_an_unsure_model_drafter_early():
+    lm = ToyLM(16, 2, seed=1, scale=0.3)  # flat distributions: the drafter is never sure
+    drafter = ModelDrafter(ToyLM(16, 2, seed=77, scale=0.3).backend())
+    cfg = DecodeConfig(max_new_tokens=30)
+    spec = decode(lm.backend(), [1, 2], cfg, drafter, AdaptiveK(CostModel({1: 1.0, 9: 1.0}), 8))
+    assert spec.token_ids == plain_tokens(lm, [1, 2], cfg)
+    assert spec.stats.draft_forwards < 8 * spec.stats.target_forwards / 2
+
+
+def test_adaptive_policy_takes_plain_steps_when_drafts_do_not_pay():
+    lm = ToyLM(16, 2, seed=4, scale=1.0)
+    prompt = [1, 2, 3]
+    plain = plain_tokens(lm, prompt, DecodeConfig(max_new_tokens=30))
+    wrong = ScriptDrafter(prompt + plain, 16, right=False)
+    steep = CostModel({1: 1.0, 2: 1.9, 9: 8.0})  # every verified token costs almost a forward
+    spec = decode(lm.backend(), prompt, DecodeConfig(max_new_tokens=30), wrong, AdaptiveK(steep, 8))
+    assert spec.token_ids == plain
+    assert spec.stats.drafted < 10  # it learns quickly that nothing is accepted

@@ -120,7 +120,7 @@ class DecodeRun:
         k = min(self.policy.max_k(), remaining - 1)
         if k <= 0:
             return Draft([])
-        draft = self.drafter.propose(tokens, k).truncated(k)
+        draft = self.drafter.propose(tokens, k, self.policy.stop_drafting).truncated(k)
         eos = self.config.eos_token_ids
         for i, tok in enumerate(draft.tokens):
             if tok in eos:  # nothing after an end-of-sequence token can be kept

@@ -25,6 +25,10 @@ class DraftPolicy(ABC):
         """How many of ``draft``'s tokens to verify (default: all of them)."""
         return len(draft)
 
+    def stop_drafting(self, confidence: list[float]) -> bool:
+        """Whether a drafter that pays per token should stop after these (default: never)."""
+        return False
+
     def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         """Feedback after each verification of ``drafted`` tokens (``seconds`` for the forward)."""
 
@@ -51,12 +55,14 @@ class AdaptiveK(DraftPolicy):
     (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant.
     """
 
-    def __init__(self, costs: CostModel, k: int = 12, prior_acceptance: float = 0.5) -> None:
+    def __init__(self, costs: CostModel, k: int = 12, prior_acceptance: float = 0.5,
+                 min_survival: float = 0.2) -> None:
         if k < 1:
             raise SpecdecError(f"the number of draft tokens must be >= 1, got {k}")
         self.costs = costs
         self.k = k
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
+        self.min_survival = min_survival
 
     def max_k(self) -> int:
         return self.k
@@ -72,6 +78,13 @@ class AdaptiveK(DraftPolicy):
             if rate > best_rate:
                 best_i, best_rate = i, rate
         return best_i
+
+    def stop_drafting(self, confidence: list[float]) -> bool:
+        """Threshold drafting: stop once the whole draft is unlikely to survive verification."""
+        survival = 1.0
+        for a in confidence:
+            survival *= a
+        return survival < self.min_survival
 
     def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         if drafted:

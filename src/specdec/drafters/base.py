@@ -8,12 +8,15 @@ after any rollback without being told what was accepted.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from specdec.sampling import SamplingParams
 from specdec.types import Draft
+
+# Called with the confidences of the tokens drafted so far; True ends the draft there.
+StopDrafting = Callable[[list[float]], bool]
 
 
 class Drafter(ABC):
@@ -29,8 +32,12 @@ class Drafter(ABC):
         self.generator = generator
 
     @abstractmethod
-    def propose(self, tokens: Sequence[int], k: int) -> Draft:
-        """Up to ``k`` tokens to follow ``tokens`` (the prompt plus everything generated so far)."""
+    def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
+        """Up to ``k`` tokens to follow ``tokens`` (the prompt plus everything generated so far).
+
+        Drafters for which each token costs something (a model forward) consult ``stop`` after
+        each token; free drafters may ignore it.
+        """
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Feedback after verification: the first ``num_accepted`` tokens of ``draft`` were kept."""
@@ -41,5 +48,5 @@ class NoDrafter(Drafter):
 
     name = "none"
 
-    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         return Draft([])

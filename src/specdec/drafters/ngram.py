@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from specdec.drafters.acceptance import AcceptanceTable
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
 from specdec.types import Draft
 
@@ -42,7 +42,7 @@ class NgramDrafter(Drafter):
         super().begin(prompt, params, generator)
         self._seq, self._index = [], {}
 
-    def propose(self, tokens: Sequence[int], k: int) -> Draft:
+    def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         self._sync(tokens)
         draft: list[int] = []
         confidence: list[float] = []
