@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -63,6 +64,9 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
     """
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and backend == "transformers" and not cpu_has_bf16():
+        (report or _warn)("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bfloat16 runs emulated "
+                          "and is likely slower than float32")
     if backend not in BACKENDS:
         raise SpecdecError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     resolved = resolve(name, report)
@@ -99,6 +103,20 @@ def _load_llamacpp(resolved, tokenizer, gen_config, dtype: str) -> Model:
     weights = load_llamacpp(str(resolved.gguf))
     return Model(resolved.name, tokenizer, weights.backend, eos=_eos_ids(gen_config, tokenizer),
                  backend_name="llamacpp")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); detected, never assumed."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line for line in fh if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _warn(message: str) -> None:
+    print(f"specdec: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _eos_ids(gen_config, tokenizer) -> frozenset[int]:
