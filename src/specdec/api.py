@@ -143,6 +143,7 @@ class Model:
         self.kernels = "stock"
         self._costs: CostModel | None = None
         self._tables: dict[str, AcceptanceTable] = {}
+        self._idle: list[Backend] = []
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = True) -> Model:
@@ -191,6 +192,13 @@ class Model:
     def backend(self) -> Backend:
         """A fresh backend (its own KV cache) on this model's weights."""
         return self.make_backend()
+
+    def _take_backend(self) -> Backend:
+        # Generations reuse finished backends: a llama.cpp context takes ~0.25 s to create.
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self.make_backend()
 
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None) -> Drafter:
         """Build a drafter by name: ``none``, ``ngram`` or ``model`` (needs ``draft_model``)."""
@@ -255,7 +263,7 @@ class Model:
         if not ids:
             raise SpecdecError("the prompt is empty")
         config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, self._stop_check(stop))
-        return DecodeRun(self.backend(), ids, config, drafter, policy)
+        return DecodeRun(self._take_backend(), ids, config, drafter, policy)
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Output:
         """Generate a continuation of ``prompt``; keyword arguments as for :meth:`start`.
@@ -264,7 +272,9 @@ class Model:
         whatever the drafter; with sampling, the output distribution is the target's.
         """
         run = self.start(prompt, **kwargs)
-        return self.finish(run, run.run(), kwargs.get("stop", ()))
+        gen = run.run()
+        self._idle.append(run.target)
+        return self.finish(run, gen, kwargs.get("stop", ()))
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[tuple[StepTrace, str]]:
         """Yield ``(step, new_text)`` per target forward.
@@ -280,6 +290,7 @@ class Model:
             ready = len(text) if run.done else _safe_prefix_length(text, stops)
             yield step, text[shown:ready]
             shown = max(shown, ready)
+        self._idle.append(run.target)  # only a finished run gives its backend back
 
     def finish(self, run: DecodeRun, gen: Generation, stop: Sequence[str] = ()) -> Output:
         return Output(self._visible_text(gen.token_ids, stop), gen.token_ids, run.prompt,

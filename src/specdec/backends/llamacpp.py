@@ -1,0 +1,141 @@
+"""llama.cpp backend (llama-cpp-python's low-level API): batched decode with logits for every new
+position, KV-cache rollback with ``llama_memory_seq_rm``. An optional extra: ``specdec[llamacpp]``.
+
+llama.cpp computes slightly different logits for a batch of tokens than for one token at a time
+(its kernels change with the batch shape), so greedy speculative output can differ from its own
+plain decoding at near-ties; ``specdec bench`` reports the identical share and the logit margin at
+each divergence. The toy and transformers backends are where exactness is tested.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import llama_cpp
+import numpy as np
+import torch
+
+from specdec.backends.base import Backend, check_truncate
+from specdec.errors import SpecdecError
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level, text, user_data):  # llama.cpp logs every load and decode to stderr otherwise
+    return None
+
+
+llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+
+
+class LlamaCppWeights:
+    """A GGUF loaded once; :meth:`backend` makes a context (its own KV cache) per sequence."""
+
+    def __init__(self, path: str, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None) -> None:
+        if not os.path.isfile(path):
+            raise SpecdecError(f"model file not found: {path}")
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self.model:
+            raise SpecdecError(f"llama.cpp could not load {path}")
+        self.path = path
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+
+    def backend(self) -> LlamaCppBackend:
+        return LlamaCppBackend(self)
+
+    def __del__(self) -> None:
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+def load_llamacpp(path: str, **options) -> LlamaCppWeights:
+    """Load a GGUF for the llama.cpp backend (``options``: n_ctx, n_batch, n_threads)."""
+    return LlamaCppWeights(path, **options)
+
+
+class LlamaCppBackend(Backend):
+    """One sequence (seq id 0) in its own llama.cpp context."""
+
+    def __init__(self, weights: LlamaCppWeights) -> None:
+        self.weights = weights  # keeps the model alive as long as the context
+        self.vocab_size = weights.vocab_size
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = weights.n_ctx
+        params.n_batch = weights.n_batch
+        params.n_ubatch = weights.n_batch
+        params.n_threads = weights.n_threads
+        params.n_threads_batch = weights.n_threads
+        # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
+        params.swa_full = True
+        self.ctx = llama_cpp.llama_init_from_model(weights.model, params)
+        if not self.ctx:
+            raise SpecdecError("llama.cpp could not create a context")
+        self.batch = llama_cpp.llama_batch_init(weights.n_batch, 0, 1)
+        self.tokens: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        if not tokens:
+            raise ValueError("extend needs at least one token")
+        if len(self.tokens) + len(tokens) > self.weights.n_ctx:
+            raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.weights.n_ctx} tokens")
+        rows: list[np.ndarray] = []
+        step = self.weights.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            final = start + step >= len(tokens)
+            rows.append(self._decode(chunk, want_all=not last_only, want_last=final))
+        logits = np.concatenate([r for r in rows if r.size], axis=0)
+        return torch.from_numpy(logits)
+
+    def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
+        batch, base = self.batch, len(self.tokens)
+        n = len(chunk)
+        batch.n_tokens = n
+        for i, tok in enumerate(chunk):
+            batch.token[i] = tok
+            batch.pos[i] = base + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_all or (want_last and i == n - 1)
+        if llama_cpp.llama_decode(self.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        self.tokens.extend(chunk)
+        n_out = n if want_all else int(want_last)
+        if not n_out:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
+
+    def truncate(self, length: int) -> None:
+        check_truncate(length, len(self.tokens))
+        if length == len(self.tokens):
+            return
+        mem = llama_cpp.llama_get_memory(self.ctx)
+        if not llama_cpp.llama_memory_seq_rm(mem, 0, length, -1):
+            # Partial removal impossible for this cache type: rebuild the prefix instead.
+            kept = self.tokens[:length]
+            self.reset()
+            self.prefill(kept)
+            return
+        del self.tokens[length:]
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        self.tokens = []
+
+    def __del__(self) -> None:
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
