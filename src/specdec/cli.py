@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding and report the speed-up (and, greedy, whether tokens match)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+
+    from specdec.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -120,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "generate":
             return cmd_generate(args)
-        if args.command == "bench":  # pragma: no cover - added with the benchmark issue
+        if args.command == "bench":
             from specdec.bench.cli import cmd_bench
 
             return cmd_bench(args)

@@ -1,0 +1,171 @@
+"""``specdec bench``: argument parsing, the live table, and the files it writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specdec.errors import SpecdecError
+
+
+def add_bench_parser(sub) -> None:
+    from specdec.api import BACKENDS, DTYPES
+    from specdec.models import DEFAULT_MODEL
+
+    bench = sub.add_parser("bench", help="benchmark methods on Spec-Bench questions",
+                           description="Run plain decoding, our speculative methods and the peers' "
+                                       "on the same questions, interleaved, and write results.json and plots.")
+    bench.add_argument("--model", default=DEFAULT_MODEL, help=f"alias, .gguf or folder (default: {DEFAULT_MODEL})")
+    bench.add_argument("--questions", help="Spec-Bench jsonl (question_id, category, turns)")
+    bench.add_argument("--backend", default="transformers", choices=BACKENDS)
+    bench.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    bench.add_argument("--categories", help="comma-separated categories to keep")
+    bench.add_argument("--limit", type=int, help="first N questions of each category")
+    bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--top-k", type=int, default=0)
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--seed", type=int, default=None)
+    bench.add_argument("--methods", help="comma-separated: plain, ngram[:k=K][:policy=P], model:ALIAS, "
+                                         "hf-plain, hf-lookup[:k=K], hf-assisted:ALIAS, llamacpp-plain, "
+                                         "llamacpp-lookup[:k=K]")
+    bench.add_argument("--cost-curve", action="store_true",
+                       help="measure the forward cost for K = 1..32 new tokens and print speed-up bounds")
+    bench.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specdec.sampling import SamplingParams
+
+    if args.limit is not None and args.limit < 1:
+        raise SpecdecError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # validates the ranges
+    specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
+    if not specs and not args.cost_curve:
+        raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")
+    if specs and not args.questions:
+        raise SpecdecError("--methods needs --questions FILE.jsonl")
+    from specdec.bench.methods import check_backend
+
+    check_backend(specs, args.backend)
+    questions = []
+    if specs:
+        from specdec.bench.questions import load_questions
+
+        categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+        questions = load_questions(args.questions, categories, args.limit)
+
+    from specdec.api import load
+    from specdec.bench import cost_curve, plots
+    from specdec.bench.methods import BASELINES, MethodFactory, Sampling
+    from specdec.cli import _quiet_libraries
+
+    _quiet_libraries()
+    out = Path(args.out)
+    model = load(args.model, dtype=args.dtype, backend=args.backend)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    factory = MethodFactory(model, args.model, args.backend, args.dtype, sampling)
+    methods = [factory.build(s) for s in specs]
+    # Every speed-up needs its family's plain method in the same run.
+    for family in {m.family for m in methods}:
+        if BASELINES[family] not in [m.name for m in methods]:
+            methods.insert(0, factory.build(BASELINES[family]))
+    console = Console(stderr=True)
+    results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype,
+                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "methods": {}}
+    out.mkdir(parents=True, exist_ok=True)
+    if methods:
+        bench, results["methods"] = _run(model, methods, questions, args, console)
+        _write_outputs(out, bench)
+        plots.plot_speedups(results, out / "speedup_by_category.png")
+        plots.plot_tokens_per_s(results, out / "tokens_per_s.png")
+    if args.cost_curve:
+        curve = cost_curve.measure(model)
+        results["cost_curve"] = {"seconds": {str(k): v for k, v in curve.items()},
+                                 "bounds": {m: cost_curve.bounds(curve, r["overall"])
+                                            for m, r in results["methods"].items()}}
+        plots.plot_cost_curve(results["cost_curve"]["seconds"], out / "cost_curve.png",
+                              f"{args.model} ({args.backend}, {args.dtype}): cost of one forward")
+        _print_cost_curve(console, curve, results)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    console.print(f"wrote {out / 'results.json'}" + (" and plots" if methods else ""))
+    return 0
+
+
+def _run(model, methods, questions, args, console: Console):
+    from specdec.bench.runner import run_bench, summarize
+
+    progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=console)
+    task = progress.add_task("", total=len(questions))
+    with Live(Group(progress), console=console, refresh_per_second=4, transient=True) as live:
+        def update(bench, i):
+            progress.update(task, completed=i + 1, description=questions[i].category)
+            live.update(Group(progress, results_table(summarize(bench, model, i + 1), overall_only=True)))
+
+        bench = run_bench(model, methods, questions, args.max_new_tokens, args.temperature == 0, args.seed, update)
+    summary = summarize(bench, model)
+    console.print(results_table(summary))
+    return bench, summary
+
+
+def results_table(methods: dict, overall_only: bool = False) -> Table:
+    """Speed-up per category (rows) and method (columns), or one overall row while running."""
+    table = Table(title="speed-up over plain of the same backend (tokens/s)", header_style="bold")
+    table.add_column("category")
+    for m in methods:
+        table.add_column(m, justify="right")
+    cats = [] if overall_only else sorted({c for r in methods.values() for c in r["categories"]})
+    for cat in cats + ["overall"]:
+        cells = []
+        for r in methods.values():
+            s = r["overall"] if cat == "overall" else r["categories"].get(cat)
+            if s is None:
+                cells.append("-")
+                continue
+            sp = "-" if s["speedup"] is None else f"{s['speedup']:.2f}x"
+            mark = "" if s["identical"] in (None, True) else "*"
+            cells.append(f"{sp}{mark} ({s['tokens_per_s']:.1f})")
+        table.add_row(cat, *cells, style="bold" if cat == "overall" else None)
+    table.caption = "* = greedy output not token-identical to the baseline (see results.json)"
+    return table
+
+
+def _write_outputs(out: Path, bench) -> None:
+    with open(out / "outputs.jsonl", "w") as fh:
+        for m in bench.methods:
+            for q, r in zip(bench.questions, bench.runs[m.name]):
+                fh.write(json.dumps({"question_id": q.question_id, "category": q.category, "method": m.name,
+                                     "token_ids": r.token_ids, "wall_s": round(r.wall_s, 4),
+                                     "target_forwards": r.target_forwards, "drafted": r.drafted,
+                                     "accepted": r.accepted}) + "\n")
+
+
+def _print_cost_curve(console: Console, curve: dict[int, float], results: dict) -> None:
+    table = Table(title="cost of one target forward (~200-token cache)", header_style="bold")
+    table.add_column("K new tokens", justify="right")
+    table.add_column("ms", justify="right")
+    table.add_column("ms/token", justify="right")
+    table.add_column("x one token", justify="right")
+    for k, s in sorted(curve.items()):
+        table.add_row(str(k), f"{s * 1000:.1f}", f"{s * 1000 / k:.1f}", f"{s / curve[1]:.2f}")
+    console.print(table)
+    rows = [(m, b) for m, b in results["cost_curve"]["bounds"].items() if b]
+    if not rows:
+        return
+    bt = Table(title="expected speed-up vs measured", header_style="bold")
+    for col in ("method", "alpha", "K", "c", "Leviathan bound", "CPU-corrected bound", "measured"):
+        bt.add_column(col, justify="right")
+    for m, b in rows:
+        measured = results["methods"][m]["overall"]["speedup"]
+        bt.add_row(m, f"{b['alpha']:.3f}", f"{b['K']:.2f}", f"{b['c']:.4f}", f"{b['leviathan_bound']:.2f}x",
+                   f"{b['cpu_bound']:.2f}x", "-" if measured is None else f"{measured:.2f}x")
+    console.print(bt)

@@ -1,0 +1,117 @@
+"""Run every method on every question, interleaved, and aggregate into ``results.json``'s shape."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specdec.api import Model
+from specdec.bench.methods import Method, RunResult
+from specdec.bench.questions import Question
+
+
+@dataclass
+class BenchRun:
+    """Raw results: ``runs[method][i]`` is the result on ``questions[i]``."""
+
+    questions: list[Question]
+    prompts: list[list[int]]
+    methods: list[Method]
+    greedy: bool
+    runs: dict[str, list[RunResult]] = field(default_factory=dict)
+
+
+def run_bench(model: Model, methods: list[Method], questions: list[Question], max_new_tokens: int,
+              greedy: bool, seed: int | None = None,
+              on_result: Callable[[BenchRun, int], None] | None = None) -> BenchRun:
+    """Each question runs every method, the order rotating per question, so that machine noise
+    (this VM drifts by +-20%) hits all methods alike; one warm-up call per method comes first."""
+    chat = model.has_chat_template
+    prompts = [model.encode(q.prompt, chat=chat) for q in questions]
+    bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods})
+    for method in methods:
+        method.run(prompts[0], min(4, max_new_tokens), seed)
+    for i, ids in enumerate(prompts):
+        shift = i % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            bench.runs[method.name].append(method.run(ids, max_new_tokens, None if seed is None else seed + i))
+        if on_result:
+            on_result(bench, i)
+    return bench
+
+
+def summarize(bench: BenchRun, model: Model, upto: int | None = None) -> dict:
+    """``{METHOD: {"overall": STATS, "categories": {CATEGORY: STATS}}}`` over the first ``upto`` questions."""
+    n = len(bench.prompts) if upto is None else upto
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i in range(n):
+        by_category[bench.questions[i].category].append(i)
+    out = {}
+    for method in bench.methods:
+        base = bench.runs.get(method.baseline)
+        out[method.name] = {
+            "overall": _stats(bench, method, base, list(range(n))),
+            "categories": {c: _stats(bench, method, base, idx) for c, idx in sorted(by_category.items())},
+        }
+        if bench.greedy and base is not None and method.name != method.baseline:
+            out[method.name]["divergences"] = _divergences(bench, method, base, n, model)
+    return out
+
+
+def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: list[int]) -> dict:
+    runs = bench.runs[method.name]
+    rs = [runs[i] for i in idx if i < len(runs)]
+    new = sum(len(r.token_ids) for r in rs)
+    wall = sum(r.wall_s for r in rs)
+    stats = {"questions": len(rs), "new_tokens": new, "tokens_per_s": round(new / wall, 3) if wall else 0.0,
+             "speedup": None, "mean_accepted_length": None, "acceptance_rate": None, "identical": None}
+    if base is not None and len(base) >= len(runs):
+        base_wall = sum(base[i].wall_s for i in idx if i < len(runs))
+        # Wall-time ratio over the same questions: equals the tokens/s ratio whenever outputs are
+        # identical, and still says "how much sooner did I get my answers" when they are not.
+        stats["speedup"] = round(base_wall / wall, 3) if wall else None
+        if bench.greedy:
+            diff = next((i for i in idx if i < len(runs) and runs[i].token_ids != base[i].token_ids), None)
+            stats["identical"] = diff is None
+            if diff is not None:
+                q = bench.questions[diff]
+                stats["first_difference"] = {"question_id": q.question_id, "category": q.category,
+                                             "position": _first_mismatch(runs[diff].token_ids, base[diff].token_ids)}
+    if rs and rs[0].target_forwards is not None:
+        forwards = sum(r.target_forwards for r in rs)
+        drafted = sum(r.drafted for r in rs)
+        judged = sum(r.accepted + r.rejections for r in rs)
+        stats["mean_accepted_length"] = round(new / forwards, 3) if forwards else None
+        stats["acceptance_rate"] = round(sum(r.accepted for r in rs) / drafted, 4) if drafted else None
+        # Extra keys for the cost-curve bound: per-token acceptance (tokens after a rejection are
+        # never judged) and the mean draft length of the steps that drafted.
+        stats["alpha"] = round(sum(r.accepted for r in rs) / judged, 4) if judged else None
+        steps = sum(r.draft_steps for r in rs)
+        stats["mean_draft_length"] = round(drafted / steps, 3) if steps else 0.0
+        stats["draft_s_per_step"] = sum(r.draft_s for r in rs) / steps if steps else 0.0
+    return stats
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _divergences(bench: BenchRun, method: Method, base: list[RunResult], n: int, model: Model) -> list[dict]:
+    """Where greedy output leaves the baseline's: the baseline model's top-2 logit margin there.
+
+    A tiny margin says the two runs only rounded differently at a near-tie (batch-shape numerics),
+    not that a token was wrongly accepted.
+    """
+    found = []
+    runs = bench.runs[method.name]
+    for i in range(min(n, len(runs))):
+        mine, theirs = runs[i].token_ids, base[i].token_ids
+        if mine == theirs:
+            continue
+        pos = _first_mismatch(mine, theirs)
+        logits = model.backend().extend(bench.prompts[i] + theirs[:pos])[-1]
+        top2 = logits.topk(2).values
+        found.append({"question_id": bench.questions[i].question_id, "category": bench.questions[i].category,
+                      "position": pos, "top2_margin": round(float(top2[0] - top2[1]), 4)})
+    return found

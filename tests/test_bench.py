@@ -1,0 +1,87 @@
+"""``specdec bench`` end to end on a tiny transformers model: results.json's contract, plots, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.cli import main
+
+STATS = {"questions", "new_tokens", "tokens_per_s", "speedup", "mean_accepted_length", "acceptance_rate",
+         "identical"}
+
+
+@pytest.fixture()
+def questions(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [
+        {"question_id": 1, "category": "copy", "turns": ["the quick brown fox jumps over the lazy dog the quick"]},
+        {"question_id": 2, "category": "copy", "turns": ["hello world, hello there; hello world, hello"]},
+        {"question_id": 3, "category": "copy", "turns": ["not used: --limit 2 keeps the first two"]},
+        {"question_id": 4, "category": "free", "turns": ["speculative decoding drafts and verifies"]},
+        {"question_id": 5, "category": "free", "turns": ["0123456789 + - * / = ( ) ."], "reference": ["x"]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, questions):
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions), "--limit", "2",
+                 "--max-new-tokens", "12", "--methods", "plain,ngram,ngram:k=2:policy=fixed,hf-plain,hf-lookup",
+                 "--out", str(out), "--cost-curve"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"] == str(tiny_model_dir) and results["backend"] == "transformers"
+    assert list(results["methods"]) == ["plain", "ngram", "ngram:k=2:policy=fixed", "hf-plain", "hf-lookup"]
+    for name, r in results["methods"].items():
+        assert set(r) >= {"overall", "categories"}
+        assert set(r["categories"]) == {"copy", "free"}
+        for stats in [r["overall"], *r["categories"].values()]:
+            assert STATS <= set(stats)
+        assert r["overall"]["questions"] == 4
+        assert r["overall"]["identical"] is True, (name, r["overall"].get("first_difference"))
+        assert r["overall"]["speedup"] > 0
+    assert results["methods"]["plain"]["overall"]["speedup"] == 1.0
+    assert results["methods"]["plain"]["overall"]["mean_accepted_length"] == 1.0
+    assert results["methods"]["hf-lookup"]["overall"]["mean_accepted_length"] is None
+    # The same tiny fp32 model through transformers' own generate gives our plain tokens.
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    ours = {r["question_id"]: r["token_ids"] for r in lines if r["method"] == "plain"}
+    theirs = {r["question_id"]: r["token_ids"] for r in lines if r["method"] == "hf-plain"}
+    assert ours == theirs
+    assert {"seconds", "bounds"} <= set(results["cost_curve"])
+    for png in ("speedup_by_category.png", "tokens_per_s.png", "cost_curve.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+def test_baseline_is_added_when_missing(capsys, tmp_path, tiny_model_dir, questions):
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions), "--limit", "1",
+                 "--max-new-tokens", "4", "--methods", "ngram", "--out", str(out)]) == 0
+    assert list(json.loads((out / "results.json").read_text())["methods"]) == ["plain", "ngram"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "warp-drive"], "unknown method"),
+    (["--methods", "ngram:k=0"], "k must be"),
+    (["--methods", "ngram:speed=11"], "unknown option"),
+    (["--methods", "llamacpp-plain"], "runs on --backend llamacpp"),
+    (["--methods", "hf-plain", "--backend", "llamacpp"], "runs on --backend transformers"),
+    (["--methods", "plain", "--categories", "nope"], "no questions in categories nope"),
+    (["--methods", "plain", "--limit", "0"], "--limit"),
+    ([], "give --methods"),
+])
+def test_bench_errors(capsys, tmp_path, tiny_model_dir, questions, argv, message):
+    code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions),
+                 "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_missing_questions_file(capsys, tiny_model_dir, tmp_path):
+    code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(tmp_path / "none.jsonl"),
+                 "--methods", "plain"])
+    assert code != 0 and "questions file not found" in capsys.readouterr().err
