@@ -85,3 +85,41 @@ def test_missing_questions_file(capsys, tiny_model_dir, tmp_path):
     code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(tmp_path / "none.jsonl"),
                  "--methods", "plain"])
     assert code != 0 and "questions file not found" in capsys.readouterr().err
+
+
+def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
+    from specdec.backends.toy import ToyLM
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import BenchRun, summarize
+
+    class Fixed(Method):
+        def __init__(self, name, family="ours"):
+            self.name, self.family = name, family
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            raise AssertionError("not run here")
+
+    lm = ToyLM(vocab_size=16, seed=3)
+    calls = []
+
+    class FakeModel:
+        def backend(self):
+            calls.append(1)
+            return lm.backend()
+
+    plain, spec = Fixed("plain"), Fixed("ngram")
+    qs = [Question(1, "a", "x"), Question(2, "b", "y")]
+    bench = BenchRun(qs, [[1, 2], [3, 4]], [plain, spec], greedy=True)
+    bench.runs = {"plain": [RunResult([5, 6, 7], 1.0), RunResult([8, 9], 1.0)],
+                  "ngram": [RunResult([5, 6, 7], 0.5, 2, 2, 2, 1, 0, 0.0), RunResult([8, 1], 0.5, 2, 1, 0, 1, 1, 0.0)]}
+    live = summarize(bench, FakeModel(), divergences=False)
+    assert calls == [] and "divergences" not in live["ngram"]
+    assert live["ngram"]["overall"]["identical"] is False
+    assert live["ngram"]["overall"]["first_difference"] == {"question_id": 2, "category": "b", "position": 1}
+    assert live["ngram"]["categories"]["a"]["identical"] is True
+    final = summarize(bench, FakeModel())
+    (div,) = final["ngram"]["divergences"]
+    logits = lm.backend().extend([3, 4, 8])[-1].topk(2).values
+    assert div["question_id"] == 2 and div["position"] == 1
+    assert div["top2_margin"] == pytest.approx(float(logits[0] - logits[1]), abs=1e-4)

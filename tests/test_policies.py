@@ -68,3 +68,11 @@ def test_measure_forward_costs_restores_the_cache():
     costs = measure_forward_costs(backend, [1, 2, 3, 4], sizes=[1, 2, 5], repeats=2)
     assert set(costs) == {1, 2, 5} and all(v > 0 for v in costs.values())
     assert backend.tokens == [1, 2, 3, 4]  # the context only: every measured forward was undone
+
+
+def test_cost_model_smooths_a_noisy_dip_into_a_non_decreasing_curve():
+    costs = CostModel({1: 1.0, 2: 1.3, 3: 1.8, 4: 1.6, 8: 3.0})
+    curve = [costs.forward(n) for n in (1, 2, 3, 4, 8)]
+    assert curve == sorted(curve)
+    assert costs.forward(3) == pytest.approx(1.7) and costs.forward(4) == pytest.approx(1.7)
+    assert costs.forward(1) == 1.0 and costs.forward(8) == 3.0

@@ -51,6 +51,9 @@ class CostModel:
     Built from measurements at a few sizes; sizes in between are interpolated linearly and sizes
     past the largest are extrapolated from the last two points. Only ratios matter to the policy,
     and those barely move with the context length, so the curve is not updated while decoding.
+    A forward of more tokens never costs less than one of fewer, so a measured dip (noise on a
+    shared VM, e.g. 3 tokens slower than 4) is smoothed away by isotonic regression; otherwise
+    the policy would chase it.
     """
 
     seconds: dict[int, float]
@@ -59,8 +62,8 @@ class CostModel:
     def __post_init__(self) -> None:
         if not self.seconds:
             raise ValueError("a cost model needs at least one measurement")
-        self.seconds = dict(self.seconds)
         self._sizes = sorted(self.seconds)
+        self.seconds = dict(zip(self._sizes, _isotonic([self.seconds[n] for n in self._sizes])))
 
     def forward(self, n: int) -> float:
         """Estimated seconds for a forward of ``n`` new tokens."""
@@ -84,10 +87,21 @@ class CostModel:
         return self.forward(n) / self.forward(1)
 
 
+def _isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 
 
-def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 3) -> CostModel:
+def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 5) -> CostModel:
     """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine.
 
     Measurements are cached as JSON under the specdec cache (``costs/``); delete a file to

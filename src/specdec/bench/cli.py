@@ -109,7 +109,7 @@ def _run(model, methods, questions, args, console: Console):
     with Live(Group(progress), console=console, refresh_per_second=4, transient=True) as live:
         def update(bench, i):
             progress.update(task, completed=i + 1, description=questions[i].category)
-            live.update(Group(progress, results_table(summarize(bench, model, i + 1), overall_only=True)))
+            live.update(Group(progress, results_table(summarize(bench, model, i + 1, divergences=False), overall_only=True)))
 
         bench = run_bench(model, methods, questions, args.max_new_tokens, args.temperature == 0, args.seed, update)
     summary = summarize(bench, model)

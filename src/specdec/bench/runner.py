@@ -41,8 +41,11 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     return bench
 
 
-def summarize(bench: BenchRun, model: Model, upto: int | None = None) -> dict:
-    """``{METHOD: {"overall": STATS, "categories": {CATEGORY: STATS}}}`` over the first ``upto`` questions."""
+def summarize(bench: BenchRun, model: Model, upto: int | None = None, divergences: bool = True) -> dict:
+    """``{METHOD: {"overall": STATS, "categories": {CATEGORY: STATS}}}`` over the first ``upto`` questions.
+
+    ``divergences`` adds, per method, the baseline's top-2 logit margin where greedy output first
+    differs: one target forward per differing question, so the live table leaves it out."""
     n = len(bench.prompts) if upto is None else upto
     by_category: dict[str, list[int]] = defaultdict(list)
     for i in range(n):
@@ -54,7 +57,7 @@ def summarize(bench: BenchRun, model: Model, upto: int | None = None) -> dict:
             "overall": _stats(bench, method, base, list(range(n))),
             "categories": {c: _stats(bench, method, base, idx) for c, idx in sorted(by_category.items())},
         }
-        if bench.greedy and base is not None and method.name != method.baseline:
+        if divergences and bench.greedy and base is not None and method.name != method.baseline:
             out[method.name]["divergences"] = _divergences(bench, method, base, n, model)
     return out
 
