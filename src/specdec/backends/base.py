@@ -50,6 +50,12 @@ class Backend(ABC):
             self.extend(tokens, last_only=True)
 
 
+def check_extend(tokens: Sequence[int]) -> None:
+    """Shared argument check for ``Backend.extend`` implementations."""
+    if not tokens:
+        raise ValueError("extend needs at least one token")
+
+
 def check_truncate(length: int, current: int) -> None:
     """Shared argument check for ``Backend.truncate`` implementations."""
     if not 0 <= length <= current:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.backends.base import Backend, check_truncate
+from specdec.backends.base import Backend, check_extend, check_truncate
 
 
 class HFBackend(Backend):
@@ -37,8 +37,7 @@ class HFBackend(Backend):
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        if not tokens:
-            raise ValueError("extend needs at least one token")
+        check_extend(tokens)
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         with torch.inference_mode():
             # logits_to_keep=0 means "every position" in transformers.

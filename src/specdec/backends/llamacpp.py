@@ -17,7 +17,7 @@ import llama_cpp
 import numpy as np
 import torch
 
-from specdec.backends.base import Backend, check_truncate
+from specdec.backends.base import Backend, check_extend, check_truncate
 from specdec.errors import SpecdecError
 
 
@@ -85,8 +85,7 @@ class LlamaCppBackend(Backend):
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        if not tokens:
-            raise ValueError("extend needs at least one token")
+        check_extend(tokens)
         if len(self.tokens) + len(tokens) > self.weights.n_ctx:
             raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.weights.n_ctx} tokens")
         rows: list[np.ndarray] = []

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Backend, check_truncate
+from specdec.backends.base import Backend, check_extend, check_truncate
 
 
 class ToyLM:
@@ -56,8 +56,7 @@ class ToyBackend(Backend):
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        if not tokens:
-            raise ValueError("extend needs at least one token")
+        check_extend(tokens)
         if any(not 0 <= t < self.vocab_size for t in tokens):
             raise ValueError(f"token id outside the toy vocabulary of {self.vocab_size}")
         start = len(self.tokens)
