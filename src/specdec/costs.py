@@ -89,13 +89,13 @@ class CostModel:
 
 def _isotonic(values: list[float]) -> list[float]:
     """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
+    blocks: list[tuple[float, int]] = []  # (mean, count) of pooled runs
     for v in values:
-        blocks.append([v, 1])
+        blocks.append((v, 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return [m for m, n in blocks for _ in range(int(n))]
+            blocks.append(((m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2))
+    return [m for m, n in blocks for _ in range(n)]
 
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
