@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,35 @@ class ScriptDrafter(Drafter):
         if not self.right:
             nxt = [(t + 1) % self.vocab_size for t in nxt]
         return Draft(nxt)
+
+
+def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int = 20, low: int = 0) -> int:
+    """Rollback checked exactly, on any backend and CPU.
+
+    Two backends receive the same kept tokens in the same chunk shapes, but every draft they roll
+    back holds *different* tokens. If rollback really forgets a draft, each later extend gives
+    bit-for-bit identical logits on both; a cache that kept any trace of a rolled-back token
+    differs. (Comparing with one full-sequence forward would instead measure how the backend's
+    kernels round for other batch shapes, which varies with the CPU.) Returns the extends compared.
+    """
+    rng = random.Random(seed)
+    a, b = make_backend(), make_backend()
+    compared = 0
+    for _ in range(steps):
+        chunk = [rng.randrange(low, vocab) for _ in range(rng.randint(1, 6))]
+        got_a, got_b = a.extend(chunk), b.extend(chunk)
+        assert torch.equal(got_a, got_b), f"extend {compared}: max diff {(got_a - got_b).abs().max()}"
+        compared += 1
+        if rng.random() < 0.6:  # a draft that verification rejects: different in each, then undone
+            size = rng.randint(1, 6)
+            draft = [rng.randrange(low, vocab) for _ in range(size)]
+            a.extend(draft)
+            b.extend([low + (t - low + 1) % (vocab - low) for t in draft])
+            keep = rng.randint(max(0, a.length - size - 3), a.length - size)  # sometimes drops kept tokens too
+            a.truncate(keep)
+            b.truncate(keep)
+            assert a.length == b.length == keep
+    return compared
 
 
 def plain_tokens(lm: ToyLM, prompt: list[int], config: DecodeConfig) -> list[int]:

@@ -21,7 +21,7 @@ def tiny_draft(tiny_draft_dir):
 def test_generate_returns_text_ids_and_stats(tiny):
     out = tiny.generate("the quick brown fox", max_new_tokens=10, drafter="ngram", num_draft=3)
     assert 1 <= len(out.token_ids) <= 10
-    assert out.text == tiny.decode(out.token_ids)
+    assert out.text == tiny.decode(out.token_ids).rstrip("\ufffd")  # a cut character is held back
     assert out.stats.new_tokens == len(out.token_ids)
     assert out.prompt_ids == tiny.encode("the quick brown fox")
     assert out.finish_reason in ("length", "eos")

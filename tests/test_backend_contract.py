@@ -8,12 +8,13 @@ import random
 import pytest
 import torch
 
+from conftest import twin_rollback_walk
 from specdec.backends.hf import HFBackend
 from specdec.backends.toy import ToyLM
 from specdec.engine import DecodeConfig, decode
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.policies import FixedK
+from specdec.policies.fixed import FixedK
 
 
 def fresh_logits(make_backend, tokens: list[int]) -> torch.Tensor:
@@ -46,6 +47,26 @@ def random_walk(make_backend, vocab: int, seed: int, steps: int = 25, atol: floa
         backend.truncate(len(seq))
         checked += 1
     return checked
+
+
+def test_toy_rollback_is_exact():
+    lm = ToyLM(12, 2, seed=0)
+    assert twin_rollback_walk(lm.backend, 12, seed=2) == 20
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3"])
+def test_hf_rollback_is_exact(request, which):
+    model = request.getfixturevalue(which)
+    assert twin_rollback_walk(lambda: HFBackend(model), 96, seed=3, steps=25) == 25
+
+
+def test_the_exact_rollback_test_catches_a_cache_that_keeps_rolled_back_tokens(tiny_llama):
+    class Forgetful(HFBackend):
+        def truncate(self, length):  # drops the bookkeeping but leaves the keys/values in the cache
+            del self.tokens[length:]
+
+    with pytest.raises(AssertionError):
+        twin_rollback_walk(lambda: Forgetful(tiny_llama), 96, seed=3, steps=25)
 
 
 def test_toy_backend_contract():

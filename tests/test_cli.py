@@ -91,7 +91,7 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "TINY", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "hi", "--model", "TINY", "--drafter", "magic"], "invalid choice"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model"], "--draft-model"),
-    (["generate", "hi", "--model", "TINY", "--draft-model", "TINY"], "only used with --drafter model"),
+    (["generate", "hi", "--model", "TINY", "--draft-model", "TINY"], "only used with a drafter that runs a model"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model", "--draft-model", "OTHER"],
      "different vocabularies"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model", "--draft-model", "/no/such/folder/"], "not found"),

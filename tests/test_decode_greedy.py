@@ -12,7 +12,8 @@ from specdec.engine import DecodeConfig, decode
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.costs import CostModel
-from specdec.policies import AdaptiveK, FixedK
+from specdec.policies.adaptive import AdaptiveK
+from specdec.policies.fixed import FixedK
 
 DRAFTER_KINDS = ["ngram", "ngram1", "same-model", "noisy-model", "random-model", "oracle", "anti-oracle"]
 

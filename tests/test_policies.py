@@ -8,7 +8,8 @@ from specdec.costs import CostModel, measure_forward_costs
 from specdec.backends.toy import ToyLM
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.errors import SpecdecError
-from specdec.policies import AdaptiveK, FixedK
+from specdec.policies.adaptive import AdaptiveK
+from specdec.policies.fixed import FixedK
 from specdec.types import Draft
 
 STEEP = CostModel({1: 1.0, 2: 1.8, 4: 2.6, 8: 4.0})  # llama.cpp-like: every token costs

@@ -8,33 +8,28 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import Any
 
 from specdec.backends.base import Backend
+from specdec.costs import CostModel, calibrated
+from specdec.cpu import machine_tag
+from specdec.drafters.base import Drafter
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
-from specdec.drafters.base import Drafter, NoDrafter
-from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
-from specdec.models import DEFAULT_MODEL, Reporter, resolve
-from specdec import kernels
-from specdec.costs import CostModel, calibrated, machine_tag
-from specdec.drafters.acceptance import AcceptanceTable
-from specdec.policies import AdaptiveK, DraftPolicy, FixedK
+from specdec.models import DEFAULT_MODEL, Reporter, no_progress_bars, resolve
+from specdec.policies.base import DraftPolicy
+from specdec.policies.fixed import FixedK
+from specdec.pool import BackendPool
+from specdec.registry import BACKENDS, DRAFTERS, POLICIES, DraftRequest, LoadRequest, PolicyRequest
 from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats
+from specdec.text import StopStrings, TextCodec
 from specdec.types import StepTrace
 
-DRAFTERS = ("none", "ngram", "model")
-BACKENDS = ("transformers", "llamacpp")
-POLICIES = ("adaptive", "fixed")
 CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and "
                     "the target model verifies them in one forward pass. ")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -47,11 +42,15 @@ class Output:
     finish_reason: FinishReason
     stats: GenerationStats
     trace: list[StepTrace] = field(default_factory=list)
+    seed: int | None = None  # the seed sampling used (None for greedy)
 
     def to_dict(self) -> dict:
         """The object ``specdec generate --json`` prints."""
-        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict(),
-                "finish_reason": self.finish_reason}
+        out = {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict(),
+               "finish_reason": self.finish_reason}
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
 
 
 def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "transformers",
@@ -62,67 +61,36 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
     read the safetensors cache in about a second. ``backend="llamacpp"`` runs the GGUF itself with
     llama.cpp (the optional ``specdec[llamacpp]`` extra); the tokenizer always comes from the cache.
     """
-    if dtype not in DTYPES:
-        raise SpecdecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    if dtype == "bfloat16" and backend == "transformers" and not cpu_has_bf16():
-        (report or _warn)("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bfloat16 runs emulated "
-                          "and is likely slower than float32")
-    if backend not in BACKENDS:
-        raise SpecdecError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    entry = BACKENDS.get(backend)
+    if dtype not in entry.dtypes:
+        raise SpecdecError(f"dtype {dtype!r} is not available on the {backend} backend: use "
+                           f"{', '.join(entry.dtypes)}")
     resolved = resolve(name, report)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.utils import logging as hf_logging
+    tokenizer, eos = _load_tokenizer(resolved)
+    weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True))
+    return Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
+                 cost_key=weights.cost_key, hf_model=weights.hf_model)
 
-    # A cached load takes about a second; transformers' per-load progress bar would only be noise
-    # (the one-time GGUF conversion in resolve() keeps its bar).
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+
+def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
+    from transformers import AutoTokenizer, GenerationConfig
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved.hf_dir)
-        if backend == "transformers":
-            hf_model = AutoModelForCausalLM.from_pretrained(resolved.hf_dir, dtype=DTYPES[dtype]).eval()
-            return Model.from_hf(resolved.name, hf_model, tokenizer)
-        gen_config = GenerationConfig.from_pretrained(resolved.hf_dir)
+        with no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(resolved.hf_dir)
+            try:
+                gen_config = GenerationConfig.from_pretrained(resolved.hf_dir)
+            except OSError:
+                gen_config = None
     except (OSError, ValueError) as exc:
-        raise SpecdecError(f"could not load model {name!r} from {resolved.hf_dir}: {exc}") from exc
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    return _load_llamacpp(resolved, tokenizer, gen_config, dtype)
+        raise SpecdecError(f"could not load the tokenizer of {resolved.name} from {resolved.hf_dir}: {exc}") from exc
+    return tokenizer, eos_ids(gen_config, tokenizer)
 
 
-def _load_llamacpp(resolved, tokenizer, gen_config, dtype: str) -> Model:
-    if resolved.gguf is None:
-        raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {resolved.name} is a transformers folder")
-    if dtype != "float32":
-        raise SpecdecError("--dtype applies to the transformers backend; llama.cpp runs the GGUF's own types")
-    try:
-        from specdec.backends.llamacpp import load_llamacpp
-    except ImportError as exc:
-        raise SpecdecError("the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'") from exc
-    weights = load_llamacpp(str(resolved.gguf))
-    return Model(resolved.name, tokenizer, weights.backend, eos=_eos_ids(gen_config, tokenizer),
-                 backend_name="llamacpp")
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); detected, never assumed."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = next((line for line in fh if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def _warn(message: str) -> None:
-    print(f"specdec: warning: {message}", file=sys.stderr, flush=True)
-
-
-def _eos_ids(gen_config, tokenizer) -> frozenset[int]:
-    """End-of-sequence ids from the generation config and the tokenizer (either may list several)."""
+def eos_ids(*sources) -> frozenset[int]:
+    """End-of-sequence ids from a generation config and a tokenizer (either may list several)."""
     ids: set[int] = set()
-    for source in (gen_config, tokenizer):
+    for source in sources:
         eos = getattr(source, "eos_token_id", None)
         if eos is not None:
             ids.update([eos] if isinstance(eos, int) else eos)
@@ -130,195 +98,165 @@ def _eos_ids(gen_config, tokenizer) -> frozenset[int]:
 
 
 class Model:
-    """A target model with its tokenizer; makes backends (one per sequence) and generates text."""
+    """A target model with its tokenizer: makes drafters and policies by name and generates text.
+
+    Its parts each live in their own module: text (:class:`~specdec.text.TextCodec`), per-sequence
+    backends (:class:`~specdec.pool.BackendPool`), names (:mod:`specdec.registry`) and the cost
+    curve (:mod:`specdec.costs`).
+    """
 
     def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
-                 eos: frozenset[int] = frozenset(), backend_name: str = "transformers", hf_model=None) -> None:
+                 eos: frozenset[int] = frozenset(), backend_name: str = "transformers",
+                 cost_key: str = "", hf_model=None) -> None:
         self.name = name
-        self.tokenizer = tokenizer
-        self.make_backend = make_backend
+        self.codec = TextCodec(tokenizer, name)
+        self.pool = BackendPool(make_backend)
         self.eos_token_ids = eos
         self.backend_name = backend_name
+        self.cost_key = cost_key
         self.hf_model = hf_model
-        self.kernels = "stock"
         self._costs: CostModel | None = None
-        self._tables: dict[str, AcceptanceTable] = {}
-        self._idle: list[Backend] = []
+        self._shared: dict[str, Any] = {}
+        self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
 
     @classmethod
-    def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = True) -> Model:
-        """Wrap a loaded transformers causal LM.
+    def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:
+        """Wrap a transformers causal LM you loaded yourself.
 
-        ``tune_kernels`` routes its linear layers through the matmul formulation measured fastest
-        on this machine for each row count (:mod:`specdec.kernels`; measured once, then cached):
-        it makes verifying a few tokens cost about as much as decoding one.
+        Your model is left as it is unless ``tune_kernels`` asks specdec to route its linear
+        layers through the matmul formulation measured fastest on this machine
+        (:mod:`specdec.kernels`; undo with ``model.kernel_tuning.undo()``).
         """
+        import torch
+
+        from specdec import kernels
         from specdec.backends.hf import HFBackend
 
-        # bf16 kernels are already nearly flat in the row count (measured: Gemma 52-73 ms for 1-16
-        # rows) and the rerouting did not help them, so only fp32 models are tuned.
-        tune_kernels = tune_kernels and hf_model.dtype == torch.float32
-        if tune_kernels:
-            kernels.install(hf_model, kernels.tuned(hf_model, f"{name}-{hf_model.dtype}-{machine_tag()}"))
-        eos = _eos_ids(getattr(hf_model, "generation_config", None), tokenizer)
-        model = cls(name, tokenizer, lambda: HFBackend(hf_model), eos=eos, hf_model=hf_model)
-        model.kernels = "tuned" if tune_kernels else "stock"
+        tune = tune_kernels and hf_model.dtype == torch.float32
+        model = cls(name, tokenizer, lambda: HFBackend(hf_model),
+                    eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
+                    cost_key=f"{hf_model.dtype}-{'tuned' if tune else 'stock'}", hf_model=hf_model)
+        model.kernel_tuning = (kernels.install(hf_model, kernels.tuned(hf_model, f"{name}-{hf_model.dtype}-"
+                                                                        f"{machine_tag()}")) if tune else None)
         return model
 
-    # -- tokens ---------------------------------------------------------------------------------
+    # -- text -----------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.codec.tokenizer
+
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return self.codec.has_chat_template
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids for ``prompt``; with ``chat`` the model's chat template wraps it as a user turn."""
-        if not prompt or not prompt.strip():
-            raise SpecdecError("the prompt is empty")
-        if not chat:
-            return list(self.tokenizer(prompt)["input_ids"])
-        if not self.has_chat_template:
-            raise SpecdecError(f"model {self.name} has no chat template (it is a base model): drop --chat")
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                 add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return self.codec.encode(prompt, chat)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.codec.decode(ids)
 
-    def same_vocabulary(self, other: Model) -> bool:
-        return self.tokenizer.get_vocab() == other.tokenizer.get_vocab()
-
-    # -- decoding -------------------------------------------------------------------------------
+    # -- parts ----------------------------------------------------------------------------------
     def backend(self) -> Backend:
         """A fresh backend (its own KV cache) on this model's weights."""
-        return self.make_backend()
+        return self.pool.make()
 
-    def _take_backend(self) -> Backend:
-        # Generations reuse finished backends: a llama.cpp context takes ~0.25 s to create.
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.make_backend()
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None) -> Drafter:
-        """Build a drafter by name: ``none``, ``ngram`` or ``model`` (needs ``draft_model``)."""
+        """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself."""
         if isinstance(kind, Drafter):
             return kind
-        if kind == "none":
-            return NoDrafter()
-        if kind == "ngram":
-            # One acceptance table per model: what it learns carries over to later generations.
-            if "ngram" not in self._tables:
-                self._tables["ngram"] = NgramDrafter().table
-            return NgramDrafter(table=self._tables["ngram"])
-        if kind == "model":
-            if draft_model is None:
-                raise SpecdecError("the model drafter needs a draft model (--draft-model)")
-            if not self.same_vocabulary(draft_model):
-                raise SpecdecError(
-                    f"draft model {draft_model.name} and target {self.name} have different vocabularies; "
-                    "token-level drafting needs the same tokenizer (cross-vocabulary drafting is not "
-                    "supported yet)")
-            return ModelDrafter(draft_model.backend())
-        raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTERS)}")
+        entry = DRAFTERS.get(kind)
+        if entry.needs_draft_model and draft_model is None:
+            raise SpecdecError(f"the {kind} drafter needs a draft model (--draft-model)")
+        return entry.build(DraftRequest(self, draft_model))
 
-    def policy(self, policy: str | DraftPolicy, num_draft: int | None = None) -> DraftPolicy:
-        """Build a draft-length policy by name.
-
-        ``adaptive`` (the default) verifies, each step, the draft prefix with the best expected
-        tokens per second on this machine's measured cost curve (at most ``num_draft``, default
-        12), and nothing when a plain step is better; ``fixed`` always drafts ``num_draft``
-        (default 4).
-        """
+    def policy(self, policy: str | DraftPolicy = "adaptive", num_draft: int | None = None) -> DraftPolicy:
+        """A draft-length policy by registered name (``specdec.registry.POLICIES``), or ``policy``."""
         if isinstance(policy, DraftPolicy):
             return policy
-        if policy == "fixed":
-            return FixedK(4 if num_draft is None else num_draft)
-        if policy == "adaptive":
-            return AdaptiveK(self.cost_model(), 12 if num_draft is None else num_draft)
-        raise SpecdecError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+        return POLICIES.get(policy).build(PolicyRequest(self.cost_model, num_draft))
 
     def cost_model(self) -> CostModel:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""
         if self._costs is None:
-            dtype = getattr(self.hf_model, "dtype", "gguf")
-            key = f"{self.name}-{self.backend_name}-{dtype}-{self.kernels}-{machine_tag()}"
-            context = (self.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
-            self._costs = calibrated(key, self.backend(), context)
+            key = f"{self.name}-{self.backend_name}-{self.cost_key}-{machine_tag()}"
+            context = (self.codec.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
+            with self.pool.lease() as backend:
+                self._costs = calibrated(key, backend, context)
         return self._costs
 
+    # -- generation -----------------------------------------------------------------------------
     def start(self, prompt: str | Sequence[int], *, max_new_tokens: int = 64,
               drafter: str | Drafter = "ngram", draft_model: Model | None = None,
-              num_draft: int | None = None, policy: str | DraftPolicy = "adaptive", temperature: float = 0.0, top_k: int = 0,
-              top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (),
-              chat: bool = False) -> DecodeRun:
+              num_draft: int | None = None, policy: str | DraftPolicy = "adaptive", temperature: float = 0.0,
+              top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+              stop: str | Sequence[str] | None = None, chat: bool = False, verify: str = "coupled",
+              trace: bool = False) -> DecodeRun:
         """Prepare a generation without running it: iterate the result to stream steps.
 
         ``policy`` chooses the draft length (see :meth:`policy`); ``num_draft`` bounds it.
+        ``verify`` is ``coupled`` (default: the same seed gives the same text with any drafter) or
+        ``rejection`` (classic rejection sampling for model drafters). ``trace`` records each
+        step's probabilities (p, q and min(1, p/q)) in the step records.
         """
         sampling = SamplingParams(temperature, top_k, top_p, seed)
-        drafter = self.drafter(drafter, draft_model)
-        policy = self.policy(policy, num_draft) if not isinstance(drafter, NoDrafter) else FixedK(1)
-        ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise SpecdecError("the prompt is empty")
-        config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, self._stop_check(stop))
-        return DecodeRun(self._take_backend(), ids, config, drafter, policy)
+        stops = StopStrings(stop, self.codec)
+        ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
+        config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, stops.hit if stops else None,
+                              verify, trace)
+        made = self.drafter(drafter, draft_model)
+        try:
+            chosen = self.policy(policy, num_draft) if made.name != "none" else FixedK(1)
+            backend = self.pool.take()
+            try:
+                return DecodeRun(backend, ids, config, made, chosen, release=self.pool.give)
+            except BaseException:
+                self.pool.give(backend)
+                raise
+        except BaseException:
+            made.close()
+            raise
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Output:
         """Generate a continuation of ``prompt``; keyword arguments as for :meth:`start`.
 
         Greedy (``temperature=0``, the default) gives exactly the tokens of plain greedy decoding
-        whatever the drafter; with sampling, the output distribution is the target's.
+        whatever the drafter; with sampling and a seed, the tokens of plain seeded decoding.
         """
         run = self.start(prompt, **kwargs)
-        gen = run.run()
-        self._idle.append(run.target)
-        return self.finish(run, gen, kwargs.get("stop", ()))
+        return self.finish(run, run.run(), kwargs.get("stop"))
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[tuple[StepTrace, str]]:
         """Yield ``(step, new_text)`` per target forward.
 
         Text that could still turn into a stop string, or that ends in an incomplete character,
-        is held back until the next step decides it.
+        is held back until the next step decides it. Closing the iterator early ends the
+        generation and frees its backend.
         """
         run = self.start(prompt, **kwargs)
-        stops = [s for s in kwargs.get("stop", ()) if s]
+        stops = StopStrings(kwargs.get("stop"), self.codec)
         shown = 0
-        for step in run:
-            text = self._visible_text(run.result.token_ids, stops)
-            ready = len(text) if run.done else _safe_prefix_length(text, stops)
-            yield step, text[shown:ready]
-            shown = max(shown, ready)
-        self._idle.append(run.target)  # only a finished run gives its backend back
+        steps = iter(run)
+        try:
+            for step in steps:
+                ids = run.result.token_ids
+                if run.done:
+                    text = stops.visible(self.codec.final_text(ids))
+                    ready = len(text)
+                else:
+                    text = stops.visible(self.decode(ids))
+                    ready = stops.safe_length(text)
+                yield step, text[shown:ready]
+                shown = max(shown, ready)
+        finally:
+            steps.close()
 
-    def finish(self, run: DecodeRun, gen: Generation, stop: Sequence[str] = ()) -> Output:
-        return Output(self._visible_text(gen.token_ids, stop), gen.token_ids, run.prompt,
-                      gen.finish_reason, gen.stats, gen.trace)
-
-    def _visible_text(self, ids: list[int], stop: Sequence[str]) -> str:
-        text = self.decode(ids)
-        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-        return text if cut < 0 else text[:cut]  # the stop string itself is not part of the output
-
-    def _stop_check(self, stop: Sequence[str]):
-        stop = [s for s in stop if s]
-        if not stop:
-            return None
-        # Decoding only a tail keeps the check O(1) per token; 4 tokens per character covers
-        # byte-level pieces of multi-byte characters.
-        window = 4 * max(len(s) for s in stop) + 8
-        return lambda ids: any(s in self.decode(ids[-window:]) for s in stop)
-
-
-def _safe_prefix_length(text: str, stops: Sequence[str]) -> int:
-    """How much of unfinished ``text`` can be shown: not a partial character, not a possible stop."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    for s in stops:
-        for n in range(min(len(s) - 1, end), 0, -1):
-            if text[end - n:end] == s[:n]:
-                end -= n
-                break
-    return end
+    def finish(self, run: DecodeRun, gen: Generation, stop: str | Sequence[str] | None = None) -> Output:
+        text = StopStrings(stop, self.codec).visible(self.codec.final_text(gen.token_ids))
+        return Output(text, gen.token_ids, run.prompt, gen.finish_reason, gen.stats, gen.trace, gen.seed)

@@ -7,17 +7,13 @@ token, so whether a draft pays depends on this curve; the adaptive policy and ``
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from specdec.backends.base import Backend
-from specdec.models import cache_root
+from specdec.cache import JsonCache
 
 
 def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Sequence[int],
@@ -104,37 +100,19 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 5) -> CostModel:
     """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine.
 
-    Measurements are cached as JSON under the specdec cache (``costs/``); delete a file to
-    re-measure, e.g. after moving to a busier or quieter machine.
+    Measurements are cached as JSON under the specdec cache (``costs/``); a missing or corrupt
+    file is measured again. Delete it to re-measure, e.g. after moving to a busier machine.
     """
-    path = cache_root() / "costs" / f"{_safe(key)}.json"
-    try:
-        seconds = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
-        return CostModel(seconds)
-    except (OSError, ValueError, AttributeError):
-        pass
-    seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({str(n): s for n, s in seconds.items()}))
-    os.replace(tmp, path)
+    cache = JsonCache("costs", key)
+    seconds = cache.load(_parse_seconds)
+    if seconds is None:
+        seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats)
+        cache.store({str(n): s for n, s in seconds.items()})
     return CostModel(seconds)
 
 
-def machine_tag() -> str:
-    """What the cost curve depends on besides the model: CPU model and torch's thread count."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}-{torch.get_num_threads()}t"
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-._" else "_" for c in text)[:150]
+def _parse_seconds(raw) -> dict[int, float]:
+    seconds = {int(n): float(s) for n, s in raw.items()}
+    if not seconds or any(not (0 < s < 1e3) for s in seconds.values()):
+        raise ValueError("not a cost curve")
+    return seconds

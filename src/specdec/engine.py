@@ -7,6 +7,7 @@ the bonus position (gpt-fast's ``speculative_decode``, Leviathan et al. Algorith
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from typing import Literal
 from specdec.backends.base import Backend
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.errors import SpecdecError
-from specdec.policies import DraftPolicy, FixedK
-from specdec.sampling import SamplingParams
+from specdec.policies.base import DraftPolicy
+from specdec.policies.fixed import FixedK
+from specdec.sampling import Sampler, SamplingParams, VerifyMode
 from specdec.stats import GenerationStats
 from specdec.types import Draft, StepTrace
 from specdec.verify import verify
@@ -26,7 +28,11 @@ FinishReason = Literal["length", "eos", "stop"]
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Everything that decides *which* tokens come out (drafting only decides how fast)."""
+    """Everything that decides *which* tokens come out (drafting only decides how fast).
+
+    ``verify`` chooses how sampled drafts are checked (see :mod:`specdec.verify`): ``coupled``
+    reproduces plain decoding's text for a seed whatever the drafter; both are lossless.
+    """
 
     max_new_tokens: int = 64
     sampling: SamplingParams = SamplingParams()
@@ -34,10 +40,13 @@ class DecodeConfig:
     # Called with the new tokens so far; True ends generation (stop strings live in the API layer,
     # which owns the tokenizer).
     stop: Callable[[list[int]], bool] | None = None
+    verify: VerifyMode = "coupled"
+    record: bool = False  # fill the steps' probabilities (p, q, min(1, p/q)) for a trace
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise SpecdecError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SpecdecError(f"max new tokens must be a whole number >= 1, got {n}")
 
 
 @dataclass
@@ -48,71 +57,95 @@ class Generation:
     finish_reason: FinishReason = "length"
     stats: GenerationStats = field(default_factory=GenerationStats)
     trace: list[StepTrace] = field(default_factory=list)
+    seed: int | None = None  # the seed sampling used (drawn from the OS when none was given)
 
 
 class DecodeRun:
-    """One generation; iterate it to receive a :class:`StepTrace` per target forward (streaming),
-    or call :meth:`run`. The result accumulates in :attr:`result`."""
+    """One generation; iterate it once to receive a :class:`StepTrace` per target forward
+    (streaming), or call :meth:`run`. The result accumulates in :attr:`result`.
+
+    ``release`` is called with the target backend when the run ends (finished, failed, or its
+    iterator closed), and the drafter is closed then too.
+    """
 
     def __init__(self, target: Backend, prompt: Sequence[int], config: DecodeConfig,
-                 drafter: Drafter | None = None, policy: DraftPolicy | None = None) -> None:
-        if not prompt:
-            raise SpecdecError("the prompt is empty: give at least one token")
+                 drafter: Drafter | None = None, policy: DraftPolicy | None = None,
+                 release: Callable[[Backend], None] | None = None) -> None:
+        self.prompt = check_token_ids(prompt, target.vocab_size)
+        limit = target.max_length
+        if limit is not None and len(self.prompt) + config.max_new_tokens > limit:
+            raise SpecdecError(
+                f"the prompt ({len(self.prompt)} tokens) plus max new tokens ({config.max_new_tokens}) exceed "
+                f"the model's context of {limit} tokens: shorten the prompt or ask for fewer tokens")
         self.target = target
-        self.prompt = list(prompt)
         self.config = config
         self.drafter = drafter or NoDrafter()
         self.policy = policy or FixedK(1)
-        self.result = Generation()
+        self.sampler = Sampler(config.sampling, config.verify)
+        self.result = Generation(seed=None if config.sampling.greedy else self.sampler.seed)
         self.done = False
+        self._release = release
+        self._started = False
 
     def run(self) -> Generation:
-        for _ in self:
-            pass
+        """Run to the end (or return the result of a run that already ended)."""
+        if not self._started:
+            for _ in self:
+                pass
+        elif not self.done:
+            raise SpecdecError("this generation was started as a stream and is not finished")
         return self.result
 
     def __iter__(self) -> Iterator[StepTrace]:
+        if self._started:
+            raise SpecdecError("a DecodeRun can be iterated only once; its result is in .result")
+        self._started = True
+        try:
+            yield from self._steps()
+        finally:
+            self.drafter.close()
+            if self._release is not None:
+                self._release(self.target)
+                self._release = None
+
+    def _steps(self) -> Iterator[StepTrace]:
         cfg, stats, out = self.config, self.result.stats, self.result.token_ids
-        gen = cfg.sampling.generator()
         t_start = time.perf_counter()
         stats.prompt_tokens = len(self.prompt)
         self.target.reset()
         self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
-        self.drafter.begin(self.prompt, cfg.sampling, gen)
+        self.drafter.begin(self.prompt, self.sampler)
         tokens = list(self.prompt)
-        done = False
-        while not done:
+        while not self.done:
             t0 = time.perf_counter()
             draft = self._draft(tokens, cfg.max_new_tokens - len(out))
             t1 = time.perf_counter()
             base = self.target.length  # == len(tokens) - 1
             logits = self.target.extend([tokens[-1], *draft.tokens])
-            verdict = verify(draft, logits, cfg.sampling, gen)
+            verdict = verify(draft, logits, self.sampler, len(tokens), record=cfg.record)
             self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
 
+            position = len(out)
             emitted: list[int] = []
             for tok in verdict.tokens:
                 emitted.append(tok)
                 out.append(tok)
-                done = self._finished(tok)
-                if done:
+                if self._finished(tok):
+                    self.done = True
                     break
             tokens.extend(emitted)
             self.drafter.observe(draft, verdict.num_accepted)
-            self.policy.observe(len(draft), verdict.num_accepted, t2 - t1)
-            stats.target_forwards += 1
-            stats.draft_forwards += draft.forwards
-            stats.record_acceptance(len(draft), min(verdict.num_accepted, len(emitted)))
-            stats.draft_s += t1 - t0
-            stats.verify_s += t2 - t1
+            self.policy.observe(len(draft), verdict.num_accepted, t2 - t1, base)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
-            step = StepTrace(draft.tokens, verdict.num_accepted, emitted, kind, t1 - t0, t2 - t1)
+            step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
+                             t1 - t0, t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,
+                             confidence=draft.confidence, draft_probs=draft.probs,
+                             target_probs=verdict.target_probs, accept_probs=verdict.accept_probs)
             self.result.trace.append(step)
-            stats.new_tokens = len(out)
+            stats.add_step(step)
             stats.wall_s = time.perf_counter() - t_start
-            self.done = done
             yield step
 
     def _draft(self, tokens: list[int], remaining: int) -> Draft:
@@ -126,7 +159,7 @@ class DecodeRun:
             if tok in eos:  # nothing after an end-of-sequence token can be kept
                 draft = draft.truncated(i + 1)
                 break
-        return draft.truncated(self.policy.choose(draft)) if draft.tokens else draft
+        return draft.truncated(self.policy.choose(draft, len(tokens))) if draft.tokens else draft
 
     def _finished(self, token: int) -> bool:
         res = self.result
@@ -139,6 +172,21 @@ class DecodeRun:
         else:
             return False
         return True
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """``ids`` as a list of token ids, or a clear error (empty, not whole numbers, out of range)."""
+    if isinstance(ids, (str, bytes)):
+        raise SpecdecError("token ids must be a list of whole numbers, not text")
+    ids = list(ids)
+    if not ids:
+        raise SpecdecError("the prompt is empty: give at least one token")
+    for tok in ids:
+        if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+            raise SpecdecError(f"token ids must be whole numbers, got {tok!r}")
+        if not 0 <= tok < vocab_size:
+            raise SpecdecError(f"token id {tok} is outside the vocabulary (0..{vocab_size - 1})")
+    return [int(t) for t in ids]
 
 
 def decode(target: Backend, prompt: Sequence[int], config: DecodeConfig,

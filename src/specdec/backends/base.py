@@ -1,7 +1,7 @@
 """The one seam between the decoding algorithm and a model: extend a KV cache, read logits, roll back.
 
 Everything the algorithm asks of a model goes through :class:`Backend`; a new model runtime is one
-new file implementing these four members.
+new file implementing these four members, registered with :func:`specdec.registry.backend`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class Backend(ABC):
     """
 
     vocab_size: int
+    max_length: int | None = None  # the model's context in tokens (None: unbounded)
 
     @property
     @abstractmethod

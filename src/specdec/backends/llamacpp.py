@@ -2,9 +2,10 @@
 position, KV-cache rollback with ``llama_memory_seq_rm``. An optional extra: ``specdec[llamacpp]``.
 
 llama.cpp computes slightly different logits for a batch of tokens than for one token at a time
-(its kernels change with the batch shape), so greedy speculative output can differ from its own
-plain decoding at near-ties; ``specdec bench`` reports the identical share and the logit margin at
-each divergence. The toy and transformers backends are where exactness is tested.
+(its kernels change with the batch shape, and differ between AVX2 and AVX-512 builds), so greedy
+speculative output can differ from its own plain decoding at near-ties; ``specdec bench`` reports
+the identical share and the logit margin at each divergence. The toy and transformers backends are
+where exactness is tested; here the tests check that rollback replays bit for bit.
 """
 
 from __future__ import annotations
@@ -12,36 +13,49 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from functools import lru_cache
 
-import llama_cpp
 import numpy as np
 import torch
 
 from specdec.backends.base import Backend, check_extend, check_truncate
 from specdec.errors import SpecdecError
+from specdec.registry import LoadedWeights, LoadRequest, backend
+
+MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
 
 
-@llama_cpp.llama_log_callback
-def _quiet_log(level, text, user_data):  # llama.cpp logs every load and decode to stderr otherwise
-    return None
+@lru_cache(maxsize=1)
+def _llama():
+    """Import llama_cpp once (it is optional) and silence its per-call logging."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise SpecdecError("the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'") from exc
 
+    @llama_cpp.llama_log_callback
+    def quiet(level, text, user_data):  # llama.cpp logs every load and decode to stderr otherwise
+        return None
 
-llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    _llama.callback = quiet  # keep the ctypes callback alive
+    llama_cpp.llama_backend_init()
+    return llama_cpp
 
 
 class LlamaCppWeights:
     """A GGUF loaded once; :meth:`backend` makes a context (its own KV cache) per sequence."""
 
-    def __init__(self, path: str, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None) -> None:
+    def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None) -> None:
         if not os.path.isfile(path):
             raise SpecdecError(f"model file not found: {path}")
-        llama_cpp.llama_backend_init()
+        llama_cpp = _llama()
         params = llama_cpp.llama_model_default_params()
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
         self.path = path
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx or min(llama_cpp.llama_model_n_ctx_train(self.model), MAX_CONTEXT)
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
@@ -51,7 +65,7 @@ class LlamaCppWeights:
 
     def __del__(self) -> None:
         if getattr(self, "model", None):
-            llama_cpp.llama_model_free(self.model)
+            _llama().llama_model_free(self.model)
             self.model = None
 
 
@@ -60,12 +74,24 @@ def load_llamacpp(path: str, **options) -> LlamaCppWeights:
     return LlamaCppWeights(path, **options)
 
 
+@backend("llamacpp", "llama.cpp on the GGUF itself (needs specdec[llamacpp]; several times faster than "
+                     "fp32 PyTorch here)", order=10)
+def _load(request: LoadRequest) -> LoadedWeights:
+    gguf = request.resolved.gguf
+    if gguf is None:
+        raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
+    weights = load_llamacpp(str(gguf))
+    return LoadedWeights(weights.backend, "gguf-stock")
+
+
 class LlamaCppBackend(Backend):
     """One sequence (seq id 0) in its own llama.cpp context."""
 
     def __init__(self, weights: LlamaCppWeights) -> None:
+        llama_cpp = _llama()
         self.weights = weights  # keeps the model alive as long as the context
         self.vocab_size = weights.vocab_size
+        self.max_length = weights.n_ctx
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = weights.n_ctx
         params.n_batch = weights.n_batch
@@ -86,6 +112,8 @@ class LlamaCppBackend(Backend):
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         check_extend(tokens)
+        if min(tokens) < 0 or max(tokens) >= self.vocab_size:  # llama.cpp would wrap them silently
+            raise SpecdecError(f"token ids must be in 0..{self.vocab_size - 1}")
         if len(self.tokens) + len(tokens) > self.weights.n_ctx:
             raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.weights.n_ctx} tokens")
         rows: list[np.ndarray] = []
@@ -107,6 +135,7 @@ class LlamaCppBackend(Backend):
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = want_all or (want_last and i == n - 1)
+        llama_cpp = _llama()
         if llama_cpp.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
         self.tokens.extend(chunk)
@@ -120,8 +149,8 @@ class LlamaCppBackend(Backend):
         check_truncate(length, len(self.tokens))
         if length == len(self.tokens):
             return
-        mem = llama_cpp.llama_get_memory(self.ctx)
-        if not llama_cpp.llama_memory_seq_rm(mem, 0, length, -1):
+        mem = _llama().llama_get_memory(self.ctx)
+        if not _llama().llama_memory_seq_rm(mem, 0, length, -1):
             # Partial removal impossible for this cache type: rebuild the prefix instead.
             kept = self.tokens[:length]
             self.reset()
@@ -130,11 +159,11 @@ class LlamaCppBackend(Backend):
         del self.tokens[length:]
 
     def reset(self) -> None:
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        _llama().llama_memory_clear(_llama().llama_get_memory(self.ctx), True)
         self.tokens = []
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
-            llama_cpp.llama_batch_free(self.batch)
-            llama_cpp.llama_free(self.ctx)
+            _llama().llama_batch_free(self.batch)
+            _llama().llama_free(self.ctx)
             self.ctx = None

@@ -1,8 +1,9 @@
 """Benchmark methods: ours through :meth:`specdec.Model.generate`, the peers through their own
 public APIs (transformers' ``generate``, llama-cpp-python's ``Llama.generate``).
 
-Method strings: ``plain``, ``ngram[:k=K][:policy=P]``, ``model:ALIAS[:k=K][:policy=P]``,
-``hf-plain``, ``hf-lookup[:k=K]``, ``hf-assisted:ALIAS``, ``llamacpp-plain``, ``llamacpp-lookup[:k=K]``.
+Method strings: ``plain`` and every registered drafter as ``NAME[:ALIAS][:k=K][:policy=P][:verify=V]``
+(``ALIAS`` for drafters that run a model), and the peers' ``hf-plain``, ``hf-lookup[:k=K]``,
+``hf-assisted:ALIAS``, ``llamacpp-plain``, ``llamacpp-lookup[:k=K]``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,20 @@ from dataclasses import dataclass, field
 from specdec.api import Model, load
 from specdec.errors import SpecdecError
 from specdec.models import resolve
+from specdec.registry import DRAFTERS
 
-FORMS = ("plain", "ngram[:k=K][:policy=adaptive|fixed]", "model:ALIAS[:k=K][:policy=...]", "hf-plain",
-         "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain", "llamacpp-lookup[:k=K]")
+PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
+         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp"}  # method -> the backend it needs
+PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain", "llamacpp-lookup[:k=K]")
 BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain"}
+OUR_OPTIONS = ("k", "policy", "verify")
+
+
+def method_forms() -> list[str]:
+    """Every method string this build understands (ours from the drafter registry, then the peers')."""
+    ours = ["plain"] + [f"{e.name}{':ALIAS' if e.needs_draft_model else ''}[:k=K][:policy=P][:verify=V]"
+                        for e in DRAFTERS if e.name != "none"]
+    return ours + list(PEER_FORMS)
 
 
 @dataclass
@@ -34,6 +45,8 @@ class RunResult:
     draft_steps: int | None = None  # steps that verified at least one draft token
     rejections: int | None = None  # steps where a draft token was rejected
     draft_s: float | None = None
+    accepted_per_pos: list[int] | None = None
+    drafted_per_pos: list[int] | None = None
 
 
 @dataclass
@@ -76,10 +89,10 @@ class OurMethod(Method):
         out = self.model.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=self.sampling.temperature,
                                   top_k=self.sampling.top_k, top_p=self.sampling.top_p, seed=seed, **self.kwargs)
         wall = time.perf_counter() - t0
-        steps = [s for s in out.trace if s.drafted]
         s = out.stats
-        return RunResult(out.token_ids, wall, s.target_forwards, s.drafted, s.accepted, len(steps),
-                         sum(st.accepted < len(st.drafted) for st in steps), s.draft_s)
+        rejections = sum(st.accepted < len(st.drafted) for st in out.trace if st.drafted)
+        return RunResult(out.token_ids, wall, s.target_forwards, s.drafted, s.accepted, s.draft_steps,
+                         rejections, s.draft_s, s.accepted_per_pos, s.drafted_per_pos)
 
 
 @dataclass
@@ -150,7 +163,7 @@ class MethodFactory:
 
     def build(self, spec: str) -> Method:
         head, args, options = _split(spec)
-        if head in ("plain", "ngram", "model"):
+        if head == "plain" or head in DRAFTERS:
             return self._ours(spec, head, args, options)
         if head.startswith("hf-"):
             return self._hf(spec, head, args, options)
@@ -159,19 +172,17 @@ class MethodFactory:
         raise _unknown(spec)
 
     def _ours(self, spec, head, args, options) -> Method:
-        kwargs: dict = {"drafter": "none" if head == "plain" else head}
-        if head == "model":
-            if len(args) != 1:
-                raise SpecdecError(f"method {spec!r}: write model:ALIAS")
+        entry = DRAFTERS.get("none" if head == "plain" else head)
+        kwargs: dict = {"drafter": entry.name}
+        _check_ours(spec, entry, args, options)
+        if entry.needs_draft_model:
             kwargs["draft_model"] = self._once(("ours", args[0]), lambda: load(args[0], dtype=self.dtype,
                                                                              backend=self.backend))
-        elif args:
-            raise _unknown(spec)
         if "k" in options:
-            kwargs["num_draft"] = _positive(spec, options.pop("k"))
-        if "policy" in options:
-            kwargs["policy"] = options.pop("policy")
-        _no_more(spec, options)
+            kwargs["num_draft"] = _positive(spec, options["k"])
+        for key in ("policy", "verify"):
+            if key in options:
+                kwargs[key] = options[key]
         return OurMethod(spec, self.model, kwargs, self.sampling)
 
     def _hf(self, spec, head, args, options) -> Method:
@@ -228,14 +239,33 @@ class MethodFactory:
         return self._cache[key]
 
 
-def check_backend(specs: list[str], backend: str) -> None:
-    """Refuse peer methods of the other backend before any model is loaded."""
+def check_specs(specs: list[str], backend: str) -> None:
+    """Refuse malformed methods, and peers of the other backend, before any model is loaded."""
     for spec in specs:
-        head = _split(spec)[0]
-        if head.startswith("hf-") and backend != "transformers":
-            raise SpecdecError(f"method {spec!r} runs on --backend transformers (this run is {backend})")
-        if head.startswith("llamacpp-") and backend != "llamacpp":
-            raise SpecdecError(f"method {spec!r} runs on --backend llamacpp (this run is {backend})")
+        head, args, options = _split(spec)
+        if head == "plain" or head in DRAFTERS:
+            _check_ours(spec, DRAFTERS.get("none" if head == "plain" else head), args, options)
+        elif head in PEERS:
+            if PEERS[head] != backend:
+                raise SpecdecError(f"method {spec!r} runs on --backend {PEERS[head]} (this run is {backend})")
+        else:
+            raise _unknown(spec)
+
+
+def _check_ours(spec: str, entry, args: list[str], options: dict) -> None:
+    from specdec.registry import POLICIES
+    from specdec.sampling import VERIFY_MODES
+
+    if len(args) != int(entry.needs_draft_model):
+        raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model
+                           else f"method {spec!r}: {entry.name} takes no model")
+    _no_more(spec, {k: v for k, v in options.items() if k not in OUR_OPTIONS})
+    if "k" in options:
+        _positive(spec, options["k"])
+    if "policy" in options:
+        POLICIES.get(options["policy"])
+    if options.get("verify", "coupled") not in VERIFY_MODES:
+        raise SpecdecError(f"method {spec!r}: verify must be one of {', '.join(VERIFY_MODES)}")
 
 
 def _split(spec: str) -> tuple[str, list[str], dict[str, str]]:
@@ -263,4 +293,4 @@ def _no_more(spec: str, options: dict) -> None:
 
 
 def _unknown(spec: str) -> SpecdecError:
-    return SpecdecError(f"unknown method {spec!r}: use {', '.join(FORMS)}")
+    return SpecdecError(f"unknown method {spec!r}: use {', '.join(method_forms())}")

@@ -93,7 +93,20 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
         steps = sum(r.draft_steps for r in rs)
         stats["mean_draft_length"] = round(drafted / steps, 3) if steps else 0.0
         stats["draft_s_per_step"] = sum(r.draft_s for r in rs) / steps if steps else 0.0
+        accepted_pos, drafted_pos = _sum_lists(r.accepted_per_pos for r in rs), _sum_lists(r.drafted_per_pos for r in rs)
+        stats["accepted_per_pos"], stats["drafted_per_pos"] = accepted_pos, drafted_pos
+        stats["acceptance_per_pos"] = [round(a / d, 4) if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)]
     return stats
+
+
+def _sum_lists(lists) -> list[int]:
+    total: list[int] = []
+    for xs in lists:
+        for i, x in enumerate(xs or ()):
+            if i == len(total):
+                total.append(0)
+            total[i] += x
+    return total
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:

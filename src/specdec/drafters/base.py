@@ -10,9 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-import torch
-
-from specdec.sampling import SamplingParams
+from specdec.registry import DraftRequest, drafter
+from specdec.sampling import Sampler, SamplingParams
 from specdec.types import Draft
 
 # Called with the confidences of the tokens drafted so far; True ends the draft there.
@@ -23,13 +22,15 @@ class Drafter(ABC):
     """Proposes draft tokens; see :class:`specdec.types.Draft` for the contract on ``q``."""
 
     name: str = "drafter"
-    params: SamplingParams = SamplingParams()
-    generator: torch.Generator | None = None
+    sampler: Sampler | None = None
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams, generator: torch.Generator) -> None:
-        """Start a new sequence; ``generator`` is the one to draw sampled drafts from."""
-        self.params = params
-        self.generator = generator
+    @property
+    def params(self) -> SamplingParams:
+        return self.sampler.params if self.sampler is not None else SamplingParams()
+
+    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
+        """Start a new sequence; model drafters draw their tokens with ``sampler``."""
+        self.sampler = sampler
 
     @abstractmethod
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
@@ -42,6 +43,9 @@ class Drafter(ABC):
     def observe(self, draft: Draft, num_accepted: int) -> None:
         """Feedback after verification: the first ``num_accepted`` tokens of ``draft`` were kept."""
 
+    def close(self) -> None:
+        """The generation is over: give back what was borrowed (e.g. a draft model's KV cache)."""
+
 
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: never proposes anything."""
@@ -50,3 +54,8 @@ class NoDrafter(Drafter):
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         return Draft([])
+
+
+@drafter("none", "plain decoding, one target forward per token (the baseline)", order=0)
+def _build_none(request: DraftRequest) -> Drafter:
+    return NoDrafter()

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from specdec.backends.base import Backend
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.sampling import logits_to_probs, sample
+from specdec.errors import SpecdecError
+from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft
 
 
@@ -20,47 +21,56 @@ class ModelDrafter(Drafter):
     draft cache back to the longest prefix it shares with the context and feeds the rest in one
     forward, so rejected drafts are undone and accepted ones are not recomputed.
 
+    Tokens are drawn with the generation's sampler: with coupled verification the drafter uses
+    the target's own per-position noise, so it proposes the target's sample whenever its
+    distribution is close enough; with rejection sampling it draws independently and hands q over.
+
     Each token's confidence is the drafter's own probability for it, calibrated online; the
-    ``stop`` callback (the policy's :meth:`~specdec.policies.DraftPolicy.stop_drafting`) can end
-    the draft early, since a draft forward spent on a token that will be rejected is wasted.
+    ``stop`` callback (the policy's :meth:`~specdec.policies.base.DraftPolicy.stop_drafting`) can
+    end the draft early, since a draft forward spent on a token that will be rejected is wasted.
     """
 
     name = "model"
 
-    def __init__(self, backend: Backend, table: AcceptanceTable | None = None) -> None:
+    def __init__(self, backend: Backend, table: AcceptanceTable | None = None,
+                 release: Callable[[Backend], None] | None = None) -> None:
         self.backend = backend
         self.table = table or AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f)
         self.cached: list[int] = []  # the tokens whose keys/values are in backend's cache
+        self._release = release
 
-    def begin(self, prompt: Sequence[int], params, generator) -> None:
-        super().begin(prompt, params, generator)
+    def begin(self, prompt: Sequence[int], sampler) -> None:
+        super().begin(prompt, sampler)
         self.backend.reset()
         self.cached = []
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
+        limit = getattr(self.backend, "max_length", None)
+        if limit is not None:
+            k = min(k, limit - len(tokens))  # the draft model's own context ends here
         if k <= 0:
             return Draft([])
         tokens = list(tokens)
         keep = _common_prefix(self.cached, tokens, limit=len(tokens) - 1)
         self.backend.truncate(keep)
         logits = self.backend.extend(tokens[keep:], last_only=True)[-1]
-        self.cached = tokens
+        self.cached = list(tokens)  # a copy: drafted tokens are appended to it below
+        sampler, want_q = self.sampler, not self.sampler.greedy and not self.sampler.coupled
         out: list[int] = []
         qs: list[torch.Tensor] = []
+        probs: list[float] = []
         confidence: list[float] = []
         features: list[tuple[int]] = []
         forwards = 1
         for i in range(k):
-            if self.params.greedy:
-                tok = int(logits.argmax())
-                prob = float(torch.softmax(logits.float(), -1)[tok])
-            else:
-                q = logits_to_probs(logits, self.params)
-                tok = sample(q, self.generator)
+            q = torch.softmax(logits.float(), -1) if sampler.greedy else sampler.probs(logits)
+            tok = sampler.draft_token(q, len(tokens) + i)
+            if want_q:
                 qs.append(q)
-                prob = float(q[tok])
+            prob = float(q[tok])
             feats = (min(int(prob * 10), 9),)  # decile of the drafter's own probability
             out.append(tok)
+            probs.append(prob)
             features.append(feats)
             confidence.append(self.table.estimate(feats))
             if i + 1 == k or (stop is not None and stop(confidence)):
@@ -68,11 +78,16 @@ class ModelDrafter(Drafter):
             logits = self.backend.extend([tok], last_only=True)[-1]
             self.cached.append(tok)
             forwards += 1
-        return Draft(out, torch.stack(qs) if qs else None, forwards, confidence, features)
+        return Draft(out, torch.stack(qs) if qs else None, forwards, confidence, features, probs)
 
     def observe(self, draft: Draft, num_accepted: int) -> None:
         if draft.features:
             self.table.update(draft.features, num_accepted)
+
+    def close(self) -> None:
+        if self._release is not None:
+            self._release(self.backend)
+            self._release = None
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -81,3 +96,18 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     while n < stop and a[n] == b[n]:
         n += 1
     return n
+
+
+@drafter("model", "a smaller model with the same tokenizer (--draft-model)", needs_draft_model=True, order=20)
+def _build_model(request: DraftRequest) -> ModelDrafter:
+    target, draft = request.target, request.draft_model
+    if draft is None:
+        raise SpecdecError("the model drafter needs a draft model (--draft-model)")
+    if not target.codec.same_vocabulary(draft.codec):
+        raise SpecdecError(
+            f"draft model {draft.name} and target {target.name} have different vocabularies; "
+            "token-level drafting needs the same tokenizer")
+    table = draft.shared(f"model-acceptance-for-{target.name}",
+                         lambda: AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f))
+    backend = draft.pool.take()
+    return ModelDrafter(backend, table, release=draft.pool.give)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
+from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft
 
 MAX_MATCH = 32  # how far back a match is measured; longer ones predict no better
@@ -38,8 +39,8 @@ class NgramDrafter(Drafter):
         # n-gram -> positions right after each occurrence (where its continuation is)
         self._index: dict[tuple[int, ...], list[int]] = {}
 
-    def begin(self, prompt, params, generator) -> None:
-        super().begin(prompt, params, generator)
+    def begin(self, prompt, sampler) -> None:
+        super().begin(prompt, sampler)
         self._seq, self._index = [], {}
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
@@ -119,3 +120,10 @@ def ngram_prior(feats: tuple[int, int, int]) -> float:
     z = (-4.222 + 1.289 * math.log(match) + 2.079 * agreement / 100 + 1.584 * (agreement == 100)
          + 1.24 * math.log(count))
     return 1.0 / (1.0 + math.exp(-z))
+
+
+@drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model)", order=10)
+def _build_ngram(request: DraftRequest) -> NgramDrafter:
+    # One acceptance table per target model: what it learns carries over to later generations.
+    table = request.target.shared("ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))
+    return NgramDrafter(table=table)

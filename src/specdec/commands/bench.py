@@ -11,51 +11,44 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specdec.commands.common import add_model_options, add_sampling_options, check_positive, check_sampling
 from specdec.errors import SpecdecError
 
+NAME = "bench"
+ORDER = 10
 
-def add_bench_parser(sub) -> None:
-    from specdec.api import BACKENDS, DTYPES
-    from specdec.models import DEFAULT_MODEL
 
-    bench = sub.add_parser("bench", help="benchmark methods on Spec-Bench questions",
+def add_parser(sub) -> None:
+    from specdec.bench.methods import method_forms
+
+    bench = sub.add_parser(NAME, help="benchmark methods on Spec-Bench questions",
                            description="Run plain decoding, our speculative methods and the peers' "
                                        "on the same questions, interleaved, and write results.json and plots.")
-    bench.add_argument("--model", default=DEFAULT_MODEL, help=f"alias, .gguf or folder (default: {DEFAULT_MODEL})")
+    add_model_options(bench)
     bench.add_argument("--questions", help="Spec-Bench jsonl (question_id, category, turns)")
-    bench.add_argument("--backend", default="transformers", choices=BACKENDS)
-    bench.add_argument("--dtype", default="float32", choices=list(DTYPES))
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
     bench.add_argument("--max-new-tokens", type=int, default=64)
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--top-k", type=int, default=0)
-    bench.add_argument("--top-p", type=float, default=1.0)
-    bench.add_argument("--seed", type=int, default=None)
-    bench.add_argument("--methods", help="comma-separated: plain, ngram[:k=K][:policy=P], model:ALIAS, "
-                                         "hf-plain, hf-lookup[:k=K], hf-assisted:ALIAS, llamacpp-plain, "
-                                         "llamacpp-lookup[:k=K]")
+    add_sampling_options(bench)
+    bench.add_argument("--methods", help="comma-separated: " + ", ".join(method_forms()))
     bench.add_argument("--cost-curve", action="store_true",
                        help="measure the forward cost for K = 1..32 new tokens and print speed-up bounds")
     bench.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from specdec.sampling import SamplingParams
-
-    if args.limit is not None and args.limit < 1:
-        raise SpecdecError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # validates the ranges
+def run(args: argparse.Namespace) -> int:
+    check_positive(args.limit, "--limit")
+    check_positive(args.max_new_tokens, "--max-new-tokens")
+    check_sampling(args)
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")
     if specs and not args.questions:
         raise SpecdecError("--methods needs --questions FILE.jsonl")
-    from specdec.bench.methods import check_backend
+    from specdec.bench.methods import check_specs
 
-    check_backend(specs, args.backend)
+    check_specs(specs, args.backend)
+    out = _output_folder(args.out)
     questions = []
     if specs:
         from specdec.bench.questions import load_questions
@@ -66,10 +59,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specdec.api import load
     from specdec.bench import cost_curve, plots
     from specdec.bench.methods import BASELINES, MethodFactory, Sampling
-    from specdec.cli import _quiet_libraries
+    from specdec.commands.common import quiet_libraries
 
-    _quiet_libraries()
-    out = Path(args.out)
+    quiet_libraries()
     model = load(args.model, dtype=args.dtype, backend=args.backend)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     factory = MethodFactory(model, args.model, args.backend, args.dtype, sampling)
@@ -81,7 +73,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "methods": {}}
-    out.mkdir(parents=True, exist_ok=True)
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         _write_outputs(out, bench)
@@ -98,6 +89,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"wrote {out / 'results.json'}" + (" and plots" if methods else ""))
     return 0
+
+
+def _output_folder(name: str) -> Path:
+    """``--out``: a folder that exists or can be made, and can be written (checked before loading)."""
+    from specdec.cache import writable_dir
+
+    out = Path(name)
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {name} is a file: give a folder for results.json and the plots")
+    try:
+        return writable_dir(out)
+    except SpecdecError:
+        raise SpecdecError(f"--out {name}: cannot write to this folder") from None
 
 
 def _run(model, methods, questions, args, console: Console):

@@ -1,4 +1,4 @@
-"""Draft-length policies: how many draft tokens to verify in each target forward.
+"""The adaptive draft length: verify the draft prefix with the best expected tokens per second.
 
 On a CPU the price of verifying k tokens is far from flat (``specdec.costs``), so the adaptive
 policy verifies the prefix of a draft that maximises expected tokens per second, and none at all
@@ -7,42 +7,13 @@ when no prefix beats a plain step.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
+from specdec.policies.base import DraftPolicy
+from specdec.registry import PolicyRequest, policy
 from specdec.types import Draft
 
-
-class DraftPolicy(ABC):
-    """Chooses how much to draft and verify, and learns from what verification kept."""
-
-    @abstractmethod
-    def max_k(self) -> int:
-        """Most tokens to ask the drafter for in the next step (0: take a plain step)."""
-
-    def choose(self, draft: Draft) -> int:
-        """How many of ``draft``'s tokens to verify (default: all of them)."""
-        return len(draft)
-
-    def stop_drafting(self, confidence: list[float]) -> bool:
-        """Whether a drafter that pays per token should stop after these (default: never)."""
-        return False
-
-    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
-        """Feedback after each verification of ``drafted`` tokens (``seconds`` for the forward)."""
-
-
-class FixedK(DraftPolicy):
-    """Always ask for the same number of draft tokens (``--num-draft``) and verify all of them."""
-
-    def __init__(self, k: int) -> None:
-        if k < 1:
-            raise SpecdecError(f"the number of draft tokens must be >= 1, got {k}")
-        self.k = k
-
-    def max_k(self) -> int:
-        return self.k
+DEFAULT_K = 12
 
 
 class AdaptiveK(DraftPolicy):
@@ -55,10 +26,10 @@ class AdaptiveK(DraftPolicy):
     (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant.
     """
 
-    def __init__(self, costs: CostModel, k: int = 12, prior_acceptance: float = 0.5,
+    def __init__(self, costs: CostModel, k: int = DEFAULT_K, prior_acceptance: float = 0.5,
                  min_survival: float = 0.2) -> None:
-        if k < 1:
-            raise SpecdecError(f"the number of draft tokens must be >= 1, got {k}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise SpecdecError(f"the number of draft tokens must be a whole number >= 1, got {k}")
         self.costs = costs
         self.k = k
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
@@ -67,7 +38,7 @@ class AdaptiveK(DraftPolicy):
     def max_k(self) -> int:
         return self.k
 
-    def choose(self, draft: Draft) -> int:
+    def choose(self, draft: Draft, context: int = 0) -> int:
         confidence = draft.confidence or [self.acceptance] * len(draft)
         best_i, best_rate = 0, 1.0 / self.costs.forward(1)
         expected = survive = 1.0
@@ -86,8 +57,14 @@ class AdaptiveK(DraftPolicy):
             survival *= a
         return survival < self.min_survival
 
-    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
         if drafted:
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
             self.acceptance += 0.1 * (accepted / judged - self.acceptance)
+
+
+@policy("adaptive", "verify only the draft prefix that pays on this machine's measured cost curve, "
+                    f"at most K tokens (default K: {DEFAULT_K})", order=10)
+def _build_adaptive(request: PolicyRequest) -> AdaptiveK:
+    return AdaptiveK(request.costs(), DEFAULT_K if request.num_draft is None else request.num_draft)

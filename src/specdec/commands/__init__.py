@@ -1,0 +1,1 @@
+"""``specdec`` subcommands, one per module: each defines ``NAME``, ``add_parser(sub)`` and ``run(args)``."""

@@ -1,0 +1,86 @@
+"""What the subcommands share: the parser that turns argparse errors into one ``error:`` line,
+the option groups for model, sampling and drafting, and their checks, which run before any
+model is loaded so that bad input is refused in milliseconds."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from specdec.errors import SpecdecError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default prints usage plus a prefixed line
+        raise SpecdecError(message)
+
+
+def quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.models import ALIASES, DEFAULT_MODEL
+    from specdec.registry import BACKENDS
+
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"alias ({', '.join(ALIASES)}), a .gguf file or a transformers folder "
+                             f"(default: {DEFAULT_MODEL})")
+    parser.add_argument("--backend", default="transformers", choices=BACKENDS.names(),
+                        help="; ".join(f"{e.name}: {e.help}" for e in BACKENDS) + " (default: transformers)")
+    dtypes = sorted({d for e in BACKENDS for d in e.dtypes})
+    parser.add_argument("--dtype", default="float32", choices=dtypes, help="weights dtype (default: float32)")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed for sampling (0..2**64-1): the same seed gives the same text with any drafter")
+
+
+def add_drafting_options(parser: argparse.ArgumentParser) -> None:
+    from specdec.registry import DRAFTERS, POLICIES
+    from specdec.sampling import VERIFY_MODES
+
+    parser.add_argument("--drafter", default="ngram", choices=DRAFTERS.names(),
+                        help="; ".join(f"{e.name}: {e.help}" for e in DRAFTERS) + " (default: ngram)")
+    parser.add_argument("--draft-model", help="the drafter's model, for drafters that use one")
+    parser.add_argument("--num-draft", type=int, default=None, metavar="K",
+                        help="draft tokens per step: the most with --policy adaptive, exactly K with --policy fixed")
+    parser.add_argument("--policy", default="adaptive", choices=POLICIES.names(),
+                        help="; ".join(f"{e.name}: {e.help}" for e in POLICIES) + " (default: adaptive)")
+    parser.add_argument("--verify", default="coupled", choices=VERIFY_MODES,
+                        help="how sampled drafts are verified: coupled (default; the drafter shares the target's "
+                             "per-position noise, so a seed gives the same text with any drafter) or rejection "
+                             "(rejection sampling, min(1, p/q)); both are lossless")
+
+
+def check_sampling(args: argparse.Namespace) -> None:
+    from specdec.sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # validates the ranges
+
+
+def check_drafting(args: argparse.Namespace) -> None:
+    from specdec.registry import DRAFTERS, BACKENDS
+
+    if args.num_draft is not None and args.num_draft < 1:
+        raise SpecdecError(f"--num-draft must be >= 1, got {args.num_draft}")
+    entry = DRAFTERS.get(args.drafter)
+    if entry.needs_draft_model and not args.draft_model:
+        raise SpecdecError(f"--drafter {args.drafter} needs --draft-model")
+    if args.draft_model and not entry.needs_draft_model:
+        raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
+                           f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
+    if args.dtype not in BACKENDS.get(args.backend).dtypes:
+        raise SpecdecError(f"--dtype {args.dtype} is not available on the {args.backend} backend")
+
+
+def check_positive(value: int, flag: str) -> None:
+    if value is not None and value < 1:
+        raise SpecdecError(f"{flag} must be >= 1, got {value}")

@@ -1,0 +1,87 @@
+"""``specdec generate``: one prompt, its continuation on stdout, metrics on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec.commands.common import (add_drafting_options, add_model_options, add_sampling_options,
+                                     check_drafting, check_positive, check_sampling, quiet_libraries)
+from specdec.errors import SpecdecError
+
+NAME = "generate"
+ORDER = 0
+
+
+def add_parser(sub) -> None:
+    gen = sub.add_parser(NAME, help="generate text from a prompt",
+                         description="Generate text; greedy output equals plain decoding exactly, and a seed "
+                                     "gives the same sampled text with any drafter. stdout carries exactly the "
+                                     "generated text; metrics go to stderr.")
+    gen.add_argument("prompt", help="the prompt text")
+    add_model_options(gen)
+    add_drafting_options(gen)
+    add_sampling_options(gen)
+    gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="default: 128")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop when this text appears (repeatable; not included in the output)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--compare", action="store_true",
+                     help="also run plain decoding and report the speed-up (and whether the tokens match)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Reject bad input before any model is loaded, so errors come in milliseconds."""
+    from specdec.text import check_prompt
+
+    check_prompt(args.prompt)
+    check_positive(args.max_new_tokens, "--max-new-tokens")
+    check_sampling(args)
+    check_drafting(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    from specdec.api import load
+    from specdec.models import resolve
+
+    if args.chat and not resolve(args.model).has_chat_template:
+        raise SpecdecError(f"model {args.model} has no chat template (it is a base model): drop --chat")
+    if args.draft_model:
+        resolve(args.draft_model)  # an unknown draft model fails before the target loads
+    quiet_libraries()
+    model = load(args.model, dtype=args.dtype, backend=args.backend)
+    draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,
+                  num_draft=args.num_draft, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, verify=args.verify)
+    prompt_ids = model.encode(args.prompt, chat=args.chat)
+    baseline = None
+    if args.compare:
+        model.generate(prompt_ids, **{**kwargs, "max_new_tokens": 2, "drafter": "none"})  # warm-up
+        baseline = model.generate(prompt_ids, **{**kwargs, "drafter": "none"})
+    out = model.generate(prompt_ids, **kwargs)
+    if args.json:
+        result = out.to_dict()
+        if baseline is not None:
+            result["baseline"] = {"token_ids": baseline.token_ids, "stats": baseline.stats.to_dict()}
+            result["speedup"] = speedup(out, baseline)
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    from specdec.report import print_generation
+
+    write_text(out.text)
+    print_generation(out, baseline, drafter=args.drafter, greedy=args.temperature == 0)
+    return 0
+
+
+def write_text(text: str) -> None:
+    """Exactly the generated text on stdout (a newline is added only for a terminal)."""
+    sys.stdout.write(text + ("\n" if sys.stdout.isatty() else ""))
+    sys.stdout.flush()
+
+
+def speedup(out, baseline) -> float:
+    return round(baseline.stats.wall_s / out.stats.wall_s, 3) if out.stats.wall_s > 0 else 0.0

@@ -1,0 +1,60 @@
+"""What this CPU can do, read once from /proc/cpuinfo: detected, never assumed.
+
+Some machines that run specdec have AVX-512 with native bf16, others AVX2 only; caches of
+measurements (cost curves, kernel choices) are keyed by :func:`machine_tag` so that one machine's
+numbers are never used on another.
+"""
+
+from __future__ import annotations
+
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    model, flags = platform.processor() or platform.machine(), frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model == (platform.processor() or platform.machine()):
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+    return model, flags
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``AMD EPYC``, ``Intel(R) Xeon(R) ...``)."""
+    return _cpuinfo()[0]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of the first CPU (``avx2``, ``avx512f``, ``avx512_bf16``, ...)."""
+    return _cpuinfo()[1]
+
+
+def has_native_bf16() -> bool:
+    """Whether bf16 matmuls run natively (AVX512-BF16 or AMX) rather than emulated."""
+    flags = cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def simd_level() -> str:
+    """The widest vector extension present: ``avx512``, ``avx2``, ``avx`` or ``none``."""
+    flags = cpu_flags()
+    if "avx512f" in flags:
+        return "avx512"
+    return next((f for f in ("avx2", "avx") if f in flags), "none")
+
+
+def machine_tag() -> str:
+    """What measured speeds depend on besides the model: CPU model, vector level and torch's threads."""
+    import torch
+
+    return f"{cpu_model()}-{simd_level()}-{torch.get_num_threads()}t"

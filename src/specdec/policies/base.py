@@ -1,0 +1,28 @@
+"""The policy interface: how much to draft and verify, and what to learn from each verification."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from specdec.types import Draft
+
+
+class DraftPolicy(ABC):
+    """Chooses how much to draft and verify, and learns from what verification kept."""
+
+    @abstractmethod
+    def max_k(self) -> int:
+        """Most tokens to ask the drafter for in the next step (0: take a plain step)."""
+
+    def choose(self, draft: Draft, context: int = 0) -> int:
+        """How many of ``draft``'s tokens to verify (default: all of them); ``context`` is the
+        number of tokens already in the target's cache (forwards cost more as it grows)."""
+        return len(draft)
+
+    def stop_drafting(self, confidence: list[float]) -> bool:
+        """Whether a drafter that pays per token should stop after these (default: never)."""
+        return False
+
+    def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
+        """Feedback after each verification of ``drafted`` tokens (``seconds`` for the forward of
+        ``drafted + 1`` tokens on a cache of ``context`` tokens)."""

@@ -1,0 +1,161 @@
+"""Registries of drafters, draft-length policies and backends, each declared in its own file.
+
+A module in ``specdec/drafters``, ``specdec/policies`` or ``specdec/backends`` registers what it
+defines with a decorator; the registry imports every module of its package the first time it is
+read, so adding a drafter, policy or backend is one new file. The CLI's choices and help, the API's
+names and ``specdec bench``'s methods are all read from here (vLLM's proposer registry, HF's
+``_get_candidate_generator`` written as a table).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from specdec.errors import SpecdecError
+
+E = TypeVar("E")
+
+
+class Registry(Generic[E]):
+    """Named entries of one kind, discovered from the modules of ``package``."""
+
+    def __init__(self, kind: str, package: str) -> None:
+        self.kind = kind
+        self.package = package
+        self._entries: dict[str, E] = {}
+        self._discovered = False
+
+    def add(self, name: str, entry: E) -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._entries[name] = entry
+
+    def get(self, name: str) -> E:
+        """The entry called ``name``; a clear error listing the choices otherwise."""
+        self._discover()
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise SpecdecError(f"unknown {self.kind} {name!r}: use one of {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        self._discover()
+        return sorted(self._entries, key=lambda n: (getattr(self._entries[n], "order", 50), n))
+
+    def __iter__(self) -> Iterator[E]:
+        return iter([self._entries[n] for n in self.names()])
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._entries
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        pkg = importlib.import_module(self.package)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{self.package}.{info.name}")
+
+
+# -- drafters -----------------------------------------------------------------------------------
+@dataclass
+class DraftRequest:
+    """What a drafter may be built from: the target model, an optional draft model, options."""
+
+    target: Any  # specdec.api.Model
+    draft_model: Any | None = None  # specdec.api.Model
+    tree: bool = False
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    name: str
+    help: str
+    build: Callable[[DraftRequest], Any]  # -> specdec.drafters.base.Drafter
+    needs_draft_model: bool = False
+    order: int = 50
+
+
+DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
+
+
+def drafter(name: str, help: str, *, needs_draft_model: bool = False, order: int = 50):
+    """Register the decorated ``build(request) -> Drafter`` function under ``name``."""
+    def register(build: Callable[[DraftRequest], Any]):
+        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order))
+        return build
+    return register
+
+
+# -- draft-length policies ----------------------------------------------------------------------
+@dataclass
+class PolicyRequest:
+    """What a policy may be built from: the (lazily measured) cost curve and the user's K."""
+
+    costs: Callable[[], Any]  # -> specdec.costs.CostModel, measured on first call
+    num_draft: int | None = None
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    name: str
+    help: str
+    build: Callable[[PolicyRequest], Any]  # -> specdec.policies.base.DraftPolicy
+    order: int = 50
+
+
+POLICIES: Registry[PolicyEntry] = Registry("policy", "specdec.policies")
+
+
+def policy(name: str, help: str, *, order: int = 50):
+    """Register the decorated ``build(request) -> DraftPolicy`` function under ``name``."""
+    def register(build: Callable[[PolicyRequest], Any]):
+        POLICIES.add(name, PolicyEntry(name, help, build, order))
+        return build
+    return register
+
+
+# -- backends -----------------------------------------------------------------------------------
+@dataclass
+class LoadRequest:
+    """A model to load: where its files are, the weights' dtype, where progress goes."""
+
+    resolved: Any  # specdec.models.ResolvedModel
+    dtype: str = "float32"
+    report: Callable[[str], None] | None = None
+    tune_kernels: bool = True
+
+
+@dataclass
+class LoadedWeights:
+    """What a backend's loader returns: a factory of per-sequence backends over shared weights."""
+
+    make_backend: Callable[[], Any]  # -> specdec.backends.base.Backend
+    cost_key: str  # what the forward cost depends on besides the machine (model, dtype, kernels)
+    hf_model: Any = None  # the transformers model, when there is one
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    help: str
+    load: Callable[[LoadRequest], LoadedWeights]
+    dtypes: tuple[str, ...] = ("float32",)
+    order: int = 50
+
+
+BACKENDS: Registry[BackendEntry] = Registry("backend", "specdec.backends")
+
+
+def backend(name: str, help: str, *, dtypes: tuple[str, ...] = ("float32",), order: int = 50):
+    """Register the decorated ``load(request) -> LoadedWeights`` function under ``name``."""
+    def register(load: Callable[[LoadRequest], LoadedWeights]):
+        BACKENDS.add(name, BackendEntry(name, help, load, dtypes, order))
+        return load
+    return register

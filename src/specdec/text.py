@@ -1,0 +1,114 @@
+"""Text in and out: prompts to token ids (optionally through a chat template), ids to text, stop
+strings, and what part of a growing text is safe to show while streaming."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdec.errors import SpecdecError
+
+REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 sequence to
+
+
+class TextCodec:
+    """A tokenizer as specdec uses it (any transformers tokenizer)."""
+
+    def __init__(self, tokenizer, name: str = "model") -> None:
+        self.tokenizer = tokenizer
+        self.name = name
+        self._vocab: dict[str, int] | None = None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        if self._vocab is None:
+            self._vocab = self.tokenizer.get_vocab()
+        return self._vocab
+
+    def same_vocabulary(self, other: TextCodec) -> bool:
+        return self is other or self.vocab == other.vocab
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids for ``prompt``; with ``chat`` the chat template wraps it as one user turn."""
+        check_prompt(prompt)
+        if chat:
+            return self.encode_messages([{"role": "user", "content": prompt}])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids for a conversation (``[{"role": ..., "content": ...}, ...]``) ready for the reply."""
+        if not self.has_chat_template:
+            raise SpecdecError(f"model {self.name} has no chat template (it is a base model): "
+                               "send a plain prompt instead")
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # jinja errors: roles the template refuses, missing fields
+            raise SpecdecError(f"the chat template of {self.name} refused these messages: {exc}") from exc
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def final_text(self, ids: Sequence[int]) -> str:
+        """The text of a finished generation: a character cut in two by the token limit is dropped."""
+        return self.decode(ids).rstrip(REPLACEMENT)
+
+
+def check_prompt(prompt: object) -> None:
+    """A prompt must be non-blank text that can be encoded as UTF-8."""
+    if not isinstance(prompt, str):
+        raise SpecdecError(f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise SpecdecError("the prompt is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecdecError("the prompt is not valid UTF-8 text") from None
+
+
+class StopStrings:
+    """Strings that end generation once they appear in the output; they are not part of the text.
+
+    Empty strings are ignored (they would match everywhere). A single string may be given as is.
+    """
+
+    def __init__(self, stops: str | Sequence[str] | None, codec: TextCodec) -> None:
+        if stops is None:
+            stops = ()
+        elif isinstance(stops, str):
+            stops = (stops,)
+        if any(not isinstance(s, str) for s in stops):
+            raise SpecdecError("stop strings must be text")
+        self.strings = tuple(s for s in stops if s)
+        self.codec = codec
+        # Decoding only a tail keeps the check O(1) per token; 4 tokens per character covers
+        # byte-level pieces of multi-byte characters.
+        self._window = 4 * max((len(s) for s in self.strings), default=0) + 8
+
+    def __bool__(self) -> bool:
+        return bool(self.strings)
+
+    def hit(self, ids: list[int]) -> bool:
+        """Whether the output ``ids`` now contain a stop string (the engine's stop callback)."""
+        tail = self.codec.decode(ids[-self._window:])
+        return any(s in tail for s in self.strings)
+
+    def visible(self, text: str) -> str:
+        """``text`` up to the first stop string."""
+        cut = min((i for i in (text.find(s) for s in self.strings) if i >= 0), default=-1)
+        return text if cut < 0 else text[:cut]
+
+    def safe_length(self, text: str) -> int:
+        """How much of unfinished ``text`` can be shown: not a partial character, not a possible stop."""
+        end = len(text)
+        while end and text[end - 1] == REPLACEMENT:
+            end -= 1
+        for s in self.strings:
+            for n in range(min(len(s) - 1, end), 0, -1):
+                if text[end - n:end] == s[:n]:
+                    end -= n
+                    break
+        return end
