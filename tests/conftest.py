@@ -142,3 +142,17 @@ def tiny_other_vocab_dir(tmp_path_factory) -> Path:
     """A tiny model whose tokenizer differs from ``tiny_model_dir``'s."""
     return _save_tiny_model(tmp_path_factory.mktemp("tiny-b"), ["completely different text " * 5,
                                                                  "zebra yak xylophone"], seed=3)
+
+
+@pytest.fixture()
+def no_loading(monkeypatch) -> list:
+    """Fails a CLI run that loads model weights (what it checks must be refused before that);
+    the list records the attempts."""
+    calls: list = []
+
+    def load(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("specdec.api.load", load)
+    return calls

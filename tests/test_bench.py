@@ -123,3 +123,51 @@ def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
     logits = lm.backend().extend([3, 4, 8])[-1].topk(2).values
     assert div["question_id"] == 2 and div["position"] == 1
     assert div["top2_margin"] == pytest.approx(float(logits[0] - logits[1]), abs=1e-4)
+
+
+
+def run_refused(capsys, tiny_model_dir, questions, *argv) -> tuple[int, list[str]]:
+    code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions), "--methods", "plain",
+                 *argv])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _row(**row) -> bytes:
+    return json.dumps({"question_id": 1, "category": "x", **row}, ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("content, message", [
+    (_row(turns=["caf\u00e9"]).decode().encode("latin-1"), "is not UTF-8 text"),
+    (_row(turns="abc"), "'turns' must be a non-empty list of strings"),
+    (_row(turns=["fine", 3]), "'turns' must be a non-empty list of strings"),
+    (_row(turns=[]), "'turns' must be a non-empty list of strings"),
+    (b"[1, 2, 3]", "not a Spec-Bench question"),
+], ids=["latin-1", "turns is a string", "a turn is a number", "no turns", "not an object"])
+def test_bad_questions_files_are_refused_before_the_model_loads(capsys, tmp_path, tiny_model_dir, no_loading,
+                                                                content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    code, err = run_refused(capsys, tiny_model_dir, path, "--out", str(tmp_path / "o"))
+    assert no_loading == []
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {path}") and message in err[0], err
+
+
+@pytest.mark.parametrize("out, message", [
+    ("file.txt", "is a file: give a folder"),
+    ("file.txt/out", "cannot write to this folder"),  # under a regular file: fails even as root
+], ids=["an existing file", "unwritable"])
+def test_bad_out_is_refused_before_the_model_loads(capsys, tmp_path, tiny_model_dir, questions, no_loading,
+                                                   out, message):
+    (tmp_path / "file.txt").write_text("a regular file")
+    code, err = run_refused(capsys, tiny_model_dir, questions, "--out", str(tmp_path / out))
+    assert no_loading == []
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --out ") and message in err[0], err
+    assert (tmp_path / "file.txt").read_text() == "a regular file"
+
+
+def test_max_new_tokens_beyond_the_context_is_refused_before_the_model_loads(capsys, tmp_path, tiny_model_dir,
+                                                                             questions, no_loading):
+    code, err = run_refused(capsys, tiny_model_dir, questions, "--out", str(tmp_path / "o"),
+                            "--max-new-tokens", "100000")
+    assert no_loading == []
+    assert code == 2 and len(err) == 1 and "does not fit the context of" in err[0], err

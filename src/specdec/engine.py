@@ -93,7 +93,8 @@ class DecodeRun:
             for _ in self:
                 pass
         elif not self.done:
-            raise SpecdecError("this generation was started as a stream and is not finished")
+            raise SpecdecError("this generation was already started (as a stream, or a run that failed) "
+                               "and did not finish: start a new one")
         return self.result
 
     def __iter__(self) -> Iterator[StepTrace]:
@@ -178,7 +179,11 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
     """``ids`` as a list of token ids, or a clear error (empty, not whole numbers, out of range)."""
     if isinstance(ids, (str, bytes)):
         raise SpecdecError("token ids must be a list of whole numbers, not text")
-    ids = list(ids)
+    try:
+        ids = list(ids)
+    except TypeError:  # None, a number, ...: say what a prompt may be rather than what failed
+        kind = type(ids).__name__
+        raise SpecdecError(f"the prompt must be text or a list of token ids, got {kind}") from None
     if not ids:
         raise SpecdecError("the prompt is empty: give at least one token")
     for tok in ids:

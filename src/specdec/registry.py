@@ -80,15 +80,18 @@ class DrafterEntry:
     build: Callable[[DraftRequest], Any]  # -> specdec.drafters.base.Drafter
     needs_draft_model: bool = False
     order: int = 50
+    # The draft model must share the target's vocabulary (the CLI checks this before loading).
+    same_vocabulary: bool = False
 
 
 DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
 
 
-def drafter(name: str, help: str, *, needs_draft_model: bool = False, order: int = 50):
+def drafter(name: str, help: str, *, needs_draft_model: bool = False, same_vocabulary: bool = False,
+            order: int = 50):
     """Register the decorated ``build(request) -> Drafter`` function under ``name``."""
     def register(build: Callable[[DraftRequest], Any]):
-        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order))
+        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary))
         return build
     return register
 

@@ -60,8 +60,9 @@ class GenerationStats:
             self.bonus += step.kind == "bonus"
             self.corrections += step.kind == "correction"
         for counts, n in ((self.drafted_per_pos, drafted), (self.accepted_per_pos, step.accepted)):
-            if len(counts) < n:
-                counts.extend([0] * (n - len(counts)))
+            # Both lists span every drafted position, so a position never accepted still shows as 0.
+            if len(counts) < drafted:
+                counts.extend([0] * (drafted - len(counts)))
             for i in range(n):
                 counts[i] += 1
         self.draft_s += step.draft_s

@@ -4,6 +4,7 @@ strings, and what part of a growing text is safe to show while streaming."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from specdec.errors import SpecdecError
 
@@ -55,6 +56,35 @@ class TextCodec:
     def final_text(self, ids: Sequence[int]) -> str:
         """The text of a finished generation: a character cut in two by the token limit is dropped."""
         return self.decode(ids).rstrip(REPLACEMENT)
+
+
+def different_vocabularies(draft: str, target: str) -> str:
+    """The message for a draft model whose tokens mean something else to the target."""
+    return (f"draft model {draft} and target {target} have different vocabularies; "
+            "token-level drafting needs the same tokenizer")
+
+
+def vocabularies_differ(a: Path, b: Path) -> bool:
+    """Whether two transformers folders' tokenizers are known to have different vocabularies.
+
+    Read from the tokenizer files alone, so a mismatch is refused before any weights load: identical
+    ``tokenizer.json`` files agree; otherwise both tokenizers are loaded (well under a second) and
+    compared as :meth:`TextCodec.same_vocabulary` will compare them. A tokenizer that cannot be
+    loaded counts as "not known": loading the model reports it properly.
+    """
+    files = [folder / "tokenizer.json" for folder in (a, b)]
+    try:
+        if files[0].read_bytes() == files[1].read_bytes():
+            return False
+    except OSError:
+        pass  # e.g. a SentencePiece-only folder: compare the loaded tokenizers
+    from transformers import AutoTokenizer
+
+    try:
+        vocabs = [AutoTokenizer.from_pretrained(folder).get_vocab() for folder in (a, b)]
+    except (OSError, ValueError):
+        return False
+    return vocabs[0] != vocabs[1]
 
 
 def check_prompt(prompt: object) -> None:

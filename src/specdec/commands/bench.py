@@ -11,7 +11,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specdec.commands.common import add_model_options, add_sampling_options, check_positive, check_sampling
+from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
+                                     check_sampling)
 from specdec.errors import SpecdecError
 
 NAME = "bench"
@@ -60,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench import cost_curve, plots
     from specdec.bench.methods import BASELINES, MethodFactory, Sampling
     from specdec.commands.common import quiet_libraries
+    from specdec.models import resolve
 
+    check_context(resolve(args.model), args.max_new_tokens)  # after the cheap checks: it may download
     quiet_libraries()
     model = load(args.model, dtype=args.dtype, backend=args.backend)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)

@@ -5,9 +5,15 @@ model is loaded so that bad input is refused in milliseconds."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec.models import ResolvedModel
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,3 +90,31 @@ def check_drafting(args: argparse.Namespace) -> None:
 def check_positive(value: int, flag: str) -> None:
     if value is not None and value < 1:
         raise SpecdecError(f"{flag} must be >= 1, got {value}")
+
+
+def check_context(resolved: ResolvedModel, max_new_tokens: int) -> None:
+    """Refuse a --max-new-tokens that no prompt could fit beside, from the model folder's config.json.
+
+    Loading the weights takes seconds and the engine would refuse the request anyway (every prompt
+    has at least one token); prompts that are merely too long are caught there.
+    """
+    limit = context_length(resolved.hf_dir)
+    if limit is not None and max_new_tokens >= limit:
+        raise SpecdecError(f"--max-new-tokens {max_new_tokens} does not fit the context of {resolved.name} "
+                           f"({limit} tokens, prompt included): ask for at most {limit - 1}")
+
+
+def context_length(hf_dir: Path) -> int | None:
+    """``max_position_embeddings`` from a transformers folder's config.json (None if not stated)."""
+    try:
+        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        return None  # loading the model will report what is wrong with the folder
+    # Multimodal checkpoints (e.g. Gemma 3 with vision) keep the language model's limit in text_config.
+    for section in (config, config.get("text_config")):
+        limit = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return limit
+    return None

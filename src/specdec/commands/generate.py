@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from specdec.commands.common import (add_drafting_options, add_model_options, add_sampling_options,
-                                     check_drafting, check_positive, check_sampling, quiet_libraries)
+                                     check_context, check_drafting, check_positive, check_sampling,
+                                     quiet_libraries)
 from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec.models import ResolvedModel
 
 NAME = "generate"
 ORDER = 0
@@ -42,15 +47,34 @@ def check_args(args: argparse.Namespace) -> None:
     check_drafting(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    check_args(args)
-    from specdec.api import load
+def check_model_files(args: argparse.Namespace) -> None:
+    """Checks that need the models' files (fetched and converted if needed) but not their weights."""
     from specdec.models import resolve
 
-    if args.chat and not resolve(args.model).has_chat_template:
+    resolved = resolve(args.model)
+    if args.chat and not resolved.has_chat_template:
         raise SpecdecError(f"model {args.model} has no chat template (it is a base model): drop --chat")
+    check_context(resolved, args.max_new_tokens)
     if args.draft_model:
-        resolve(args.draft_model)  # an unknown draft model fails before the target loads
+        draft = resolve(args.draft_model)  # an unknown draft model fails before the target loads
+        check_draft_vocabulary(args.drafter, draft, resolved)
+
+
+def check_draft_vocabulary(drafter: str, draft: ResolvedModel, target: ResolvedModel) -> None:
+    from specdec.registry import DRAFTERS
+    from specdec.text import different_vocabularies, vocabularies_differ
+
+    if DRAFTERS.get(drafter).same_vocabulary:
+        quiet_libraries()  # the comparison may load the two tokenizers
+        if vocabularies_differ(draft.hf_dir, target.hf_dir):
+            raise SpecdecError(different_vocabularies(draft.name, target.name))
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    check_model_files(args)
+    from specdec.api import load
+
     quiet_libraries()
     model = load(args.model, dtype=args.dtype, backend=args.backend)
     draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None

@@ -11,6 +11,7 @@ from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
+from specdec.text import different_vocabularies
 from specdec.types import Draft
 
 
@@ -98,15 +99,14 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
-@drafter("model", "a smaller model with the same tokenizer (--draft-model)", needs_draft_model=True, order=20)
+@drafter("model", "a smaller model with the same tokenizer (--draft-model)", needs_draft_model=True,
+         same_vocabulary=True, order=20)
 def _build_model(request: DraftRequest) -> ModelDrafter:
     target, draft = request.target, request.draft_model
     if draft is None:
         raise SpecdecError("the model drafter needs a draft model (--draft-model)")
     if not target.codec.same_vocabulary(draft.codec):
-        raise SpecdecError(
-            f"draft model {draft.name} and target {target.name} have different vocabularies; "
-            "token-level drafting needs the same tokenizer")
+        raise SpecdecError(different_vocabularies(draft.name, target.name))
     table = draft.shared(f"model-acceptance-for-{target.name}",
                          lambda: AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f))
     backend = draft.pool.take()
