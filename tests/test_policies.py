@@ -22,7 +22,7 @@ def draft(conf):
 
 def test_cost_model_interpolates_and_extrapolates():
     assert STEEP.forward(3) == pytest.approx(2.2)
-    assert STEEP.forward(12) == pytest.approx(5.4)
+    assert STEEP.forward(12) == pytest.approx(4.0 + 3.0 / 7 * 4)
     assert STEEP.ratio(8) == 4.0
     assert CostModel({1: 2.0}).forward(3) == pytest.approx(6.0)
 
@@ -71,9 +71,41 @@ def test_measure_forward_costs_restores_the_cache():
     assert backend.tokens == [1, 2, 3, 4]  # the context only: every measured forward was undone
 
 
-def test_cost_model_smooths_a_noisy_dip_into_a_non_decreasing_curve():
-    costs = CostModel({1: 1.0, 2: 1.3, 3: 1.8, 4: 1.6, 8: 3.0})
-    curve = [costs.forward(n) for n in (1, 2, 3, 4, 8)]
-    assert curve == sorted(curve)
-    assert costs.forward(3) == pytest.approx(1.7) and costs.forward(4) == pytest.approx(1.7)
-    assert costs.forward(1) == 1.0 and costs.forward(8) == 3.0
+def test_cost_model_keeps_the_cost_of_each_row_count_as_measured():
+    costs = CostModel({1: 1.0, 2: 1.8, 3: 3.1, 4: 2.6, 8: 4.0})  # llama.cpp on AVX2: odd counts cost more
+    assert [costs.ratio(n) for n in (1, 2, 3, 4, 8)] == [1.0, 1.8, 3.1, 2.6, 4.0]
+    assert costs.ratio(6) == pytest.approx(3.3)  # interpolated between measured neighbours
+    assert costs.ratio(10) == pytest.approx(4.0 + 3.0 / 7 * 2)  # the curve's mean slope past the end
+
+
+def test_the_policy_verifies_one_more_token_when_that_forward_is_cheaper():
+    costs = CostModel({1: 1.0, 2: 1.8, 3: 3.1, 4: 2.6, 5: 4.5})
+    policy = AdaptiveK(costs)
+    # Two sure tokens and a weak third: 3 rows (2 drafts) cost more than 4 rows (3 drafts).
+    assert policy.choose(draft([0.99, 0.99, 0.3])) == 3
+    assert policy.choose(draft([0.99, 0.99])) == 1  # no third token: 3 rows (2.97 tokens / 3.1) lose to 2 rows
+
+
+def test_online_observations_track_the_unit_and_each_ratio():
+    costs = CostModel({1: 1.0, 2: 1.8, 4: 2.6})
+    for _ in range(40):
+        costs.observe(1, 2.0)  # the context grew: one row now costs twice as much
+        costs.observe(2, 2.0 * 1.2)  # and two rows cost only 1.2x one
+    assert costs.unit == pytest.approx(2.0, rel=0.02)
+    assert costs.ratio(2) == pytest.approx(1.2, rel=0.05)
+    assert costs.ratio(4) == 2.6  # never observed: as calibrated
+
+
+def test_one_slow_forward_moves_the_estimate_only_a_little():
+    costs = CostModel({1: 1.0, 2: 1.8})
+    costs.observe(2, 100.0)  # a scheduler hiccup
+    assert costs.ratio(2) < 1.8 * 1.06
+    costs.observe(1, 100.0)
+    assert costs.unit < 1.11
+
+
+def test_the_adaptive_policy_feeds_its_forward_times_to_the_cost_model():
+    costs = CostModel({1: 1.0, 2: 1.8})
+    policy = AdaptiveK(costs)
+    policy.observe(1, 1, 1.0 * 1.2, context=100)
+    assert costs.observations == 1 and costs.ratio(2) < 1.8

@@ -1,4 +1,5 @@
-"""The cost curve: how long one target forward takes for n new tokens, measured on this machine.
+"""The cost curve: how long one target forward takes for n new tokens, measured on this machine
+and refined while decoding.
 
 On a CPU, verifying k draft tokens (a forward of k+1 tokens) can cost much more than decoding one
 token, so whether a draft pays depends on this curve; the adaptive policy and ``specdec bench
@@ -10,11 +11,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from specdec.backends.base import Backend
 from specdec.cache import JsonCache
-
 
 def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Sequence[int],
                           repeats: int = 3) -> dict[int, float]:
@@ -40,61 +39,75 @@ def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Seque
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-@dataclass
 class CostModel:
     """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
 
-    Built from measurements at a few sizes; sizes in between are interpolated linearly and sizes
-    past the largest are extrapolated from the last two points. Only ratios matter to the policy,
-    and those barely move with the context length, so the curve is not updated while decoding.
-    A forward of more tokens never costs less than one of fewer, so a measured dip (noise on a
-    shared VM, e.g. 3 tokens slower than 4) is smoothed away by isotonic regression; otherwise
-    the policy would chase it.
+    Calibrated at every n from 1 to 16 and kept as measured: on a CPU the curve is not monotone
+    (llama.cpp on AVX2: 3 rows cost 3.1x one row, 4 rows 2.6x), and a policy that knows the true
+    cost of each count can verify one more token when that makes the forward cheaper.
+
+    The model is a unit (the cost of one row) times a ratio per n. Both are refined online from
+    the forwards the engine times (:meth:`observe`): the unit follows the 1-row forwards (it grows
+    with the context, and with machine load), each ratio follows the forwards of its own size
+    relative to the current unit. Updates are exponential moving averages clipped per step, so a
+    single slow forward (a scheduler hiccup) cannot swing a decision.
     """
 
-    seconds: dict[int, float]
-    _sizes: list[int] = field(init=False, repr=False)
+    UNIT_WEIGHT = 0.2
+    RATIO_WEIGHT = 0.1
+    CLIP = 1.5  # one observation moves an estimate by at most this factor (before averaging)
 
-    def __post_init__(self) -> None:
-        if not self.seconds:
+    def __init__(self, seconds: dict[int, float]) -> None:
+        if not seconds:
             raise ValueError("a cost model needs at least one measurement")
-        self._sizes = sorted(self.seconds)
-        self.seconds = dict(zip(self._sizes, _isotonic([self.seconds[n] for n in self._sizes])))
+        if any(not (s > 0) for s in seconds.values()):
+            raise ValueError("forward costs must be positive")
+        self.measured = dict(sorted(seconds.items()))  # the calibration, as measured
+        first = next(iter(self.measured))
+        self.unit = self.measured[first] / first
+        self._ratios = {n: s / self.unit for n, s in self.measured.items()}
+        self.observations = 0
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """The current estimate at every calibrated size."""
+        return {n: self.forward(n) for n in self.measured}
 
     def forward(self, n: int) -> float:
         """Estimated seconds for a forward of ``n`` new tokens."""
-        if n in self.seconds:
-            return self.seconds[n]
-        sizes = self._sizes
-        if n <= sizes[0]:
-            return self.seconds[sizes[0]]
-        if n >= sizes[-1]:
-            if len(sizes) == 1:
-                return self.seconds[sizes[-1]] * n / sizes[-1]
-            a, b = sizes[-2], sizes[-1]
-        else:
-            b = next(s for s in sizes if s > n)
-            a = max(s for s in sizes if s < n)
-        slope = (self.seconds[b] - self.seconds[a]) / (b - a)
-        return max(self.seconds[a] + slope * (n - a), 1e-9)
+        return self.unit * self.ratio(n)
 
     def ratio(self, n: int) -> float:
         """Cost of a forward of ``n`` tokens relative to one token."""
-        return self.forward(n) / self.forward(1)
+        if n in self._ratios:
+            return self._ratios[n]
+        sizes = sorted(self._ratios)
+        first, last = sizes[0], sizes[-1]
+        if n < first or len(sizes) == 1:
+            return self._ratios[first] * n / first
+        if n > last:
+            # The curve's mean slope, not its last segment's: adjacent sizes can dip (odd vs even).
+            slope = max(0.0, (self._ratios[last] - self._ratios[first]) / (last - first))
+            return self._ratios[last] + slope * (n - last)
+        b = next(s for s in sizes if s > n)
+        a = max(s for s in sizes if s < n)
+        return self._ratios[a] + (self._ratios[b] - self._ratios[a]) * (n - a) / (b - a)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Learn from one timed forward of ``n`` new tokens."""
+        if not (seconds > 0) or n < 1:
+            return
+        self.observations += 1
+        if n == 1:
+            target = min(max(seconds, self.unit / self.CLIP), self.unit * self.CLIP)
+            self.unit += self.UNIT_WEIGHT * (target - self.unit)
+            return
+        current = self.ratio(n)
+        target = min(max(seconds / self.unit, current / self.CLIP), current * self.CLIP)
+        self._ratios[n] = current + self.RATIO_WEIGHT * (target - current)
 
 
-def _isotonic(values: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
-    blocks: list[tuple[float, int]] = []  # (mean, count) of pooled runs
-    for v in values:
-        blocks.append((v, 1))
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append(((m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2))
-    return [m for m, n in blocks for _ in range(n)]
-
-
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+CALIBRATION_SIZES = tuple(range(1, 17))
 
 
 def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 5) -> CostModel:
@@ -113,6 +126,6 @@ def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int 
 
 def _parse_seconds(raw) -> dict[int, float]:
     seconds = {int(n): float(s) for n, s in raw.items()}
-    if not seconds or any(not (0 < s < 1e3) for s in seconds.values()):
-        raise ValueError("not a cost curve")
+    if set(seconds) != set(CALIBRATION_SIZES) or any(not (0 < s < 1e3) for s in seconds.values()):
+        raise ValueError("not a cost curve of this version")
     return seconds

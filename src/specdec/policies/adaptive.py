@@ -23,7 +23,9 @@ class AdaptiveK(DraftPolicy):
     rate when the drafter gives none), verifying i tokens yields 1 + sum_{j<=i} prod_{l<=j} a_l
     tokens on average for a forward of i + 1 tokens costing ``costs.forward(i + 1)``; i = 0 is a
     plain step. Choosing the best i per step is the myopic rule of dynamic speculation lookahead
-    (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant.
+    (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant. Every timed
+    forward refines that curve (:meth:`specdec.costs.CostModel.observe`), so it follows the
+    context length and the machine's load during a session.
     """
 
     def __init__(self, costs: CostModel, k: int = DEFAULT_K, prior_acceptance: float = 0.5,
@@ -58,6 +60,7 @@ class AdaptiveK(DraftPolicy):
         return survival < self.min_survival
 
     def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
+        self.costs.observe(drafted + 1, seconds)
         if drafted:
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
