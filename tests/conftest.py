@@ -65,6 +65,31 @@ def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int
     return compared
 
 
+def chi_square_pvalue(counts: dict, dist: dict) -> float:
+    """Chi-square p-value of sampled outcome ``counts`` against exact probabilities ``dist``.
+
+    Outcomes expected fewer than 5 times are pooled into one cell, so the chi-square
+    approximation holds; expectations are rescaled to the observed total (float rounding).
+    """
+    from scipy.stats import chisquare
+
+    samples = sum(counts.values())
+    observed, expected = [], []
+    rare_obs = rare_exp = 0.0
+    for seq, prob in dist.items():
+        if prob * samples < 5:
+            rare_obs += counts.get(seq, 0)
+            rare_exp += prob * samples
+        else:
+            observed.append(counts.get(seq, 0))
+            expected.append(prob * samples)
+    if rare_exp > 0:
+        observed.append(rare_obs)
+        expected.append(rare_exp)
+    scale = sum(observed) / sum(expected)
+    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
+
+
 def plain_tokens(lm: ToyLM, prompt: list[int], config: DecodeConfig) -> list[int]:
     return decode(lm.backend(), prompt, config).token_ids
 

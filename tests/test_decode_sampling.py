@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import specdec.engine
-from conftest import ScriptDrafter
+from conftest import ScriptDrafter, chi_square_pvalue
 from specdec.backends.toy import ToyLM
 from specdec.costs import CostModel
 from specdec.drafters.model import ModelDrafter
@@ -59,23 +59,6 @@ def sample_counts(params: SamplingParams, drafter_factory, k: int, mode: str = "
         drafted += out.stats.drafted
         accepted += out.stats.accepted
     return counts, accepted / max(drafted, 1)
-
-
-def chi_square_pvalue(counts: Counter, dist: dict) -> float:
-    observed, expected = [], []
-    rare_obs = rare_exp = 0.0
-    for seq, prob in dist.items():
-        if prob * SAMPLES < 5:  # pool the rare outcomes so the chi-square approximation holds
-            rare_obs += counts.get(seq, 0)
-            rare_exp += prob * SAMPLES
-        else:
-            observed.append(counts.get(seq, 0))
-            expected.append(prob * SAMPLES)
-    if rare_exp > 0:
-        observed.append(rare_obs)
-        expected.append(rare_exp)
-    scale = sum(observed) / sum(expected)
-    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
 PARAMS = [SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8)]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specdec import tree as trees
 from specdec.backends.base import Backend
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.errors import SpecdecError
@@ -123,9 +124,15 @@ class DecodeRun:
             draft = self._draft(tokens, cfg.max_new_tokens - len(out))
             t1 = time.perf_counter()
             base = self.target.length  # == len(tokens) - 1
-            logits = self.target.extend([tokens[-1], *draft.tokens])
+            if draft.is_tree:  # row 0 is the root (the last token); node i is row i + 1
+                logits = self.target.extend([tokens[-1], *draft.tokens], tree=[-1, *(p + 1 for p in draft.parents)])
+            else:
+                logits = self.target.extend([tokens[-1], *draft.tokens])
             verdict = verify(draft, logits, self.sampler, len(tokens), record=cfg.record)
-            self.target.truncate(base + 1 + verdict.num_accepted)
+            if draft.is_tree:
+                self.target.truncate(base, keep=[0, *(i + 1 for i in verdict.path)])
+            else:
+                self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
 
             position = len(out)
@@ -143,7 +150,9 @@ class DecodeRun:
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
                              t1 - t0, t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,
                              confidence=draft.confidence, draft_probs=draft.probs,
-                             target_probs=verdict.target_probs, accept_probs=verdict.accept_probs)
+                             target_probs=verdict.target_probs, accept_probs=verdict.accept_probs,
+                             parents=draft.parents if draft.is_tree else None,
+                             path=verdict.path if draft.is_tree else None, extra=draft.extra or {})
             self.result.trace.append(step)
             stats.add_step(step)
             stats.wall_s = time.perf_counter() - t_start
@@ -154,12 +163,10 @@ class DecodeRun:
         k = min(self.policy.max_k(), remaining - 1)
         if k <= 0:
             return Draft([])
-        draft = self.drafter.propose(tokens, k, self.policy.stop_drafting).truncated(k)
-        eos = self.config.eos_token_ids
-        for i, tok in enumerate(draft.tokens):
-            if tok in eos:  # nothing after an end-of-sequence token can be kept
-                draft = draft.truncated(i + 1)
-                break
+        draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
+        draft = fit(draft, self.policy.max_k(), remaining - 1, self.config.eos_token_ids)
+        if draft.is_tree and not self.target.supports_tree:
+            draft = draft.subset(best_path(draft))
         return draft.truncated(self.policy.choose(draft, len(tokens))) if draft.tokens else draft
 
     def _finished(self, token: int) -> bool:
@@ -173,6 +180,29 @@ class DecodeRun:
         else:
             return False
         return True
+
+
+def fit(draft: Draft, nodes: int, depth: int, eos: frozenset[int]) -> Draft:
+    """At most ``nodes`` nodes, none deeper than ``depth``, and nothing after an end-of-sequence
+    token (a chain is cut there; a tree loses that node's descendants)."""
+    draft = draft.truncated(nodes)
+    parents = draft.parents if draft.parents is not None else trees.chain(len(draft))
+    depth_of = trees.depths(parents)
+    too_deep = {i for i, d in enumerate(depth_of) if d > depth}
+    after_eos = {i for i, p in enumerate(parents) if p >= 0 and draft.tokens[p] in eos}
+    if not too_deep and not after_eos:
+        return draft
+    return draft.subset(trees.closed_under_ancestors(parents, too_deep | after_eos))
+
+
+def best_path(draft: Draft) -> list[int]:
+    """The root-to-leaf path with the most expected accepted tokens (by the drafter's confidence),
+    for backends that verify chains only."""
+    parents = draft.parents if draft.parents is not None else trees.chain(len(draft))
+    survive = trees.path_probabilities(parents, draft.confidence or [1.0] * len(draft))
+    best = max(trees.leaves(parents), key=lambda leaf: sum(survive[i] for i in trees.path_to(parents, leaf)),
+               default=-1)
+    return trees.path_to(parents, best)
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:

@@ -108,9 +108,9 @@ class Noise:
             self._cache.popitem(last=False)
         return noise
 
-    def uniform(self, stream: int, position: int) -> float:
-        """One U[0, 1) draw."""
-        return float(np.random.Generator(np.random.PCG64([self.seed, stream, position])).random())
+    def uniform(self, stream: int, position: int, index: int = 0) -> float:
+        """One U[0, 1) draw (``index`` tells apart several draws at one position, e.g. siblings)."""
+        return float(np.random.Generator(np.random.PCG64([self.seed, stream, position, index])).random())
 
 
 def random_seed() -> int:

@@ -30,6 +30,12 @@ class Draft:
     features: list | None = None
     probs: list[float] | None = None  # [len(tokens)]: q(token) as the drafter drew it (for the trace)
     proposed: int | None = None  # how many tokens the drafter proposed before any cut
+    # A tree (specdec.tree): parents[i] is node i's parent, -1 for a child of the context; None is a
+    # chain. Nodes come parents first and best first, so every prefix is a tree. For a tree,
+    # confidence[i] is P(node i is accepted | its parent is), and q[i] the distribution node i was
+    # drawn from (its siblings drawn i.i.d. from the same one, as in SpecInfer).
+    parents: list[int] | None = None
+    extra: dict | None = None  # drafter-specific details for the trace (e.g. which source drafted)
 
     def __post_init__(self) -> None:
         if self.proposed is None:
@@ -38,13 +44,29 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def is_tree(self) -> bool:
+        """Whether some node has a sibling (a chain given as parents is still a chain)."""
+        from specdec.tree import is_chain
+
+        return not is_chain(self.parents)
+
     def truncated(self, n: int) -> Draft:
-        """The first ``n`` proposed tokens (the forward count is what was already spent)."""
+        """The first ``n`` proposed nodes (the forward count is what was already spent)."""
         if n >= len(self.tokens):
             return self
-        cut = (lambda xs: None if xs is None else xs[:n])
-        return Draft(self.tokens[:n], cut(self.q), self.forwards, cut(self.confidence), cut(self.features),
-                     cut(self.probs), self.proposed)
+        return self.subset(list(range(n)))
+
+    def subset(self, keep: list[int]) -> Draft:
+        """The draft made of nodes ``keep`` (each kept after its parent)."""
+        from specdec.tree import chain, is_chain, subset
+
+        pick = (lambda xs: None if xs is None else [xs[i] for i in keep])
+        q = None if self.q is None else self.q[keep] if keep else self.q[:0]
+        parents = subset(self.parents if self.parents is not None else chain(len(self.tokens)), keep)
+        parents = None if is_chain(parents) else parents
+        return Draft([self.tokens[i] for i in keep], q, self.forwards, pick(self.confidence), pick(self.features),
+                     pick(self.probs), self.proposed, parents, self.extra)
 
 
 @dataclass
@@ -54,9 +76,14 @@ class Verdict:
     tokens: list[int]
     num_accepted: int
     bonus: bool  # True when every draft token was accepted and the last token is the bonus
-    # For the trace, when asked for: p(x) of each judged draft token and min(1, p/q).
+    # For the trace, when asked for: p(x) of each draft token under its parent's row, and min(1, p/q).
     target_probs: list[float] | None = None
     accept_probs: list[float] | None = None
+    path: list[int] | None = None  # the accepted draft nodes in order (a chain: 0 .. num_accepted - 1)
+
+    def __post_init__(self) -> None:
+        if self.path is None:
+            self.path = list(range(self.num_accepted))
 
 
 StepKind = Literal["plain", "correction", "bonus"]
@@ -84,6 +111,8 @@ class StepTrace:
     draft_probs: list[float] | None = None  # q(x) per drafted token (None: deterministic drafter)
     target_probs: list[float] | None = None  # p(x) per judged drafted token (recorded with trace=True)
     accept_probs: list[float] | None = None  # min(1, p/q) per judged drafted token (trace=True)
+    parents: list[int] | None = None  # the draft's tree (None: a chain)
+    path: list[int] | None = None  # the accepted nodes of a tree, in order (None: a chain's prefix)
     extra: dict = field(default_factory=dict)  # drafter-specific details (e.g. which source drafted)
 
     @property
@@ -92,9 +121,15 @@ class StepTrace:
         return self.emitted[-1] if len(self.emitted) > self.accepted else None
 
     @property
+    def accepted_nodes(self) -> list[int]:
+        """Indices into ``drafted`` of the emitted accepted tokens."""
+        return (self.path if self.path is not None else list(range(len(self.drafted))))[:self.accepted]
+
+    @property
     def rejected(self) -> list[int]:
-        """Drafted tokens that verification turned down (the first one) or never judged."""
-        return self.drafted[self.accepted:] if self.kind == "correction" else []
+        """Drafted tokens that did not make it into the output (turned down, never judged, or cut)."""
+        kept = set(self.accepted_nodes)
+        return [t for i, t in enumerate(self.drafted) if i not in kept]
 
     def to_dict(self) -> dict:
         """JSON form (the trace file's ``steps``)."""

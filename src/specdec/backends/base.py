@@ -1,7 +1,7 @@
 """The one seam between the decoding algorithm and a model: extend a KV cache, read logits, roll back.
 
 Everything the algorithm asks of a model goes through :class:`Backend`; a new model runtime is one
-new file implementing these four members, registered with :func:`specdec.registry.backend`.
+new file implementing these members, registered with :func:`specdec.registry.backend`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,23 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec import tree as trees
+
 
 class Backend(ABC):
     """A model plus one sequence's KV cache.
 
     ``extend`` appends tokens after the cached ones and returns float32 logits for the new positions;
     ``truncate`` drops cached positions so that the next ``extend`` continues from a shorter prefix.
+    Backends with ``supports_tree`` also score a draft *tree* in one ``extend`` (each node attends to
+    the cache and its ancestors, at position cache length + depth) and keep one root-to-node path
+    of it with ``truncate(length, keep=...)``; the engine falls back to chains elsewhere.
     Implementations are single-sequence and not thread-safe: make one per concurrent generation.
     """
 
     vocab_size: int
     max_length: int | None = None  # the model's context in tokens (None: unbounded)
+    supports_tree: bool = False
 
     @property
     @abstractmethod
@@ -29,17 +35,23 @@ class Backend(ABC):
         """Number of tokens currently in the cache."""
 
     @abstractmethod
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False,
+               tree: Sequence[int] | None = None) -> torch.Tensor:
         """Append ``tokens`` and return logits ``[len(tokens), V]`` (``[1, V]`` with ``last_only``).
 
         Row i is the next-token distribution after ``tokens[i]``. ``last_only`` lets a drafter or a
         prefill skip the LM head on positions nobody reads (for a 262k vocabulary that head is most
-        of the forward's cost).
+        of the forward's cost). ``tree`` (parents over ``tokens``, -1 = follows the cache) makes
+        each token see only the cache and its ancestors.
         """
 
     @abstractmethod
-    def truncate(self, length: int) -> None:
-        """Roll back: keep only the first ``length`` cached tokens (``length <= self.length``)."""
+    def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
+        """Roll back: keep only the first ``length`` cached tokens (``length <= self.length``).
+
+        With ``keep`` (after a tree ``extend`` that started at ``length``): then append the rows at
+        these offsets of that extend, which must form one path from its root.
+        """
 
     def reset(self) -> None:
         """Forget the whole sequence."""
@@ -51,13 +63,31 @@ class Backend(ABC):
             self.extend(tokens, last_only=True)
 
 
-def check_extend(tokens: Sequence[int]) -> None:
+def check_extend(tokens: Sequence[int], tree: Sequence[int] | None = None, supports_tree: bool = False) -> None:
     """Shared argument check for ``Backend.extend`` implementations."""
     if not tokens:
         raise ValueError("extend needs at least one token")
+    if tree is not None:
+        if not supports_tree:
+            raise ValueError("this backend cannot score draft trees")
+        if len(tree) != len(tokens):
+            raise ValueError(f"the tree has {len(tree)} nodes for {len(tokens)} tokens")
+        trees.check(tree)
 
 
 def check_truncate(length: int, current: int) -> None:
     """Shared argument check for ``Backend.truncate`` implementations."""
     if not 0 <= length <= current:
         raise ValueError(f"cannot truncate a cache of {current} tokens to {length}")
+
+
+def check_keep(tree: Sequence[int] | None, start: int, length: int, keep: Sequence[int]) -> None:
+    """``keep`` must be one path from the root of the last extend, which started at ``length``."""
+    if start != length:
+        raise ValueError(f"keep refers to the last extend, which started at {start}, not {length}")
+    parents = tree if tree is not None else trees.chain(max(keep, default=-1) + 1)
+    previous = -1
+    for offset in keep:
+        if not 0 <= offset < len(parents) or parents[offset] != previous:
+            raise ValueError(f"kept offsets {list(keep)} are not a path from the root of the last extend")
+        previous = offset

@@ -2,7 +2,8 @@
 
 Logits at a position depend only on the last ``order`` tokens, read from a seeded random table, so
 every position is computed independently: a batched ``extend`` is bit-identical to one token at a
-time, and the exact distribution of any continuation can be enumerated.
+time, and the exact distribution of any continuation can be enumerated. Draft trees are scored by
+conditioning each node on its ancestors.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Backend, check_extend, check_truncate
+from specdec import tree as trees
+from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
 
 
 class ToyLM:
@@ -44,26 +46,51 @@ class ToyLM:
 
 
 class ToyBackend(Backend):
-    """:class:`ToyLM` behind the backend protocol; the "cache" is the token list itself."""
+    """:class:`ToyLM` behind the backend protocol; the "cache" is the token list itself.
+
+    After a tree ``extend`` the cache holds every node, as a real KV cache would, and only a
+    ``truncate`` may follow (anything else would read siblings as if they were a sequence).
+    """
+
+    supports_tree = True
 
     def __init__(self, lm: ToyLM) -> None:
         self.lm = lm
         self.vocab_size = lm.vocab_size
         self.tokens: list[int] = []
+        self._last: tuple[int, list[int] | None] = (0, None)  # start and tree of the last extend
 
     @property
     def length(self) -> int:
         return len(self.tokens)
 
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        check_extend(tokens)
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False,
+               tree: Sequence[int] | None = None) -> torch.Tensor:
+        check_extend(tokens, tree, self.supports_tree)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not another extend")
         if any(not 0 <= t < self.vocab_size for t in tokens):
             raise ValueError(f"token id outside the toy vocabulary of {self.vocab_size}")
         start = len(self.tokens)
+        prefix = self.tokens[:start]
         self.tokens.extend(tokens)
-        positions = [len(self.tokens)] if last_only else range(start + 1, len(self.tokens) + 1)
-        return torch.stack([self.lm.logits(self.tokens[:end]) for end in positions])
+        self._last = (start, None if tree is None else list(tree))
+        if tree is None:
+            ends = [len(self.tokens)] if last_only else range(start + 1, len(self.tokens) + 1)
+            return torch.stack([self.lm.logits(self.tokens[:end]) for end in ends])
+        nodes = [len(tokens) - 1] if last_only else range(len(tokens))
+        return torch.stack([self.lm.logits(prefix + [tokens[a] for a in trees.path_to(tree, i)]) for i in nodes])
 
-    def truncate(self, length: int) -> None:
+    def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
         check_truncate(length, len(self.tokens))
-        del self.tokens[length:]
+        start, tree = self._last
+        if keep is not None:
+            check_keep(tree, start, length, keep)
+            kept = [self.tokens[start + o] for o in keep]
+            del self.tokens[length:]
+            self.tokens.extend(kept)
+        else:
+            if tree is not None and length > start:
+                check_keep(tree, start, start, list(range(length - start)))
+            del self.tokens[length:]
+        self._last = (len(self.tokens), None)

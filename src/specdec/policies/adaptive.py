@@ -11,6 +11,7 @@ from specdec.costs import CostModel
 from specdec.errors import SpecdecError
 from specdec.policies.base import DraftPolicy
 from specdec.registry import PolicyRequest, policy
+from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
 
 DEFAULT_K = 12
@@ -22,7 +23,9 @@ class AdaptiveK(DraftPolicy):
     With per-token acceptance estimates a_1..a_k (``Draft.confidence``, or the running acceptance
     rate when the drafter gives none), verifying i tokens yields 1 + sum_{j<=i} prod_{l<=j} a_l
     tokens on average for a forward of i + 1 tokens costing ``costs.forward(i + 1)``; i = 0 is a
-    plain step. Choosing the best i per step is the myopic rule of dynamic speculation lookahead
+    plain step. A tree's nodes come best first, so the same rule with path probabilities in place
+    of the running products sizes a tree by what pays (Sequoia's hardware-aware sizing, with this
+    machine's measured curve). Choosing the best i per step is the myopic rule of dynamic speculation lookahead
     (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant. Every timed
     forward refines that curve (:meth:`specdec.costs.CostModel.observe`), so it follows the
     context length and the machine's load during a session.
@@ -41,11 +44,12 @@ class AdaptiveK(DraftPolicy):
         return self.k
 
     def choose(self, draft: Draft, context: int = 0) -> int:
+        """The number of leading draft nodes to verify (a tree's nodes come best first)."""
         confidence = draft.confidence or [self.acceptance] * len(draft)
+        parents = draft.parents if draft.parents is not None else chain(len(draft))
         best_i, best_rate = 0, 1.0 / self.costs.forward(1)
-        expected = survive = 1.0
-        for i, a in enumerate(confidence, start=1):
-            survive *= a
+        expected = 1.0
+        for i, survive in enumerate(path_probabilities(parents, confidence), start=1):
             expected += survive
             rate = expected / self.costs.forward(i + 1)
             if rate > best_rate:
