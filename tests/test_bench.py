@@ -171,3 +171,31 @@ def test_max_new_tokens_beyond_the_context_is_refused_before_the_model_loads(cap
                             "--max-new-tokens", "100000")
     assert no_loading == []
     assert code == 2 and len(err) == 1 and "does not fit the context of" in err[0], err
+
+
+def test_repeats_run_every_method_r_times_and_keep_the_fastest():
+    from specdec.backends.toy import ToyLM
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import run_bench
+
+    class Timed(Method):
+        def __init__(self, name, walls):
+            self.name, self.family, self.walls, self.calls = name, "ours", list(walls), 0
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            self.calls += 1
+            return RunResult([1, 2], self.walls.pop(0) if max_new_tokens > 4 else 0.0)
+
+    class FakeModel:
+        has_chat_template = False
+
+        def encode(self, text, chat=False):
+            return [1, 2, 3]
+
+    plain, spec = Timed("plain", [3.0, 1.0, 2.0, 5.0, 4.0, 6.0]), Timed("ngram", [2.0, 2.5, 0.5, 1.0, 1.0, 1.0])
+    qs = [Question(1, "a", "x"), Question(2, "b", "y")]
+    bench = run_bench(FakeModel(), [plain, spec], qs, 8, greedy=True, repeats=3)
+    assert plain.calls == spec.calls == 1 + 2 * 3  # one warm-up, then R per question
+    assert [r.wall_s for r in bench.runs["plain"]] == [1.0, 4.0]
+    assert [r.wall_s for r in bench.runs["ngram"]] == [0.5, 1.0]

@@ -4,6 +4,7 @@ one record per decoding step (vLLM's vocabulary: accepted, recovered ("correctio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -44,7 +45,7 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
+    @cached_property
     def is_tree(self) -> bool:
         """Whether some node has a sibling (a chain given as parents is still a chain)."""
         from specdec.tree import is_chain

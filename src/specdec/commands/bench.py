@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
     bench.add_argument("--max-new-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=1, metavar="R",
+                       help="run each method R times per question and keep the fastest (timing noise on a "
+                            "shared VM only adds time; default 1)")
     add_sampling_options(bench)
     bench.add_argument("--methods", help="comma-separated: " + ", ".join(method_forms()))
     bench.add_argument("--cost-curve", action="store_true",
@@ -40,6 +43,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     check_positive(args.limit, "--limit")
     check_positive(args.max_new_tokens, "--max-new-tokens")
+    check_positive(args.repeats, "--repeats")
     check_sampling(args)
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench import cost_curve, plots
     from specdec.bench.methods import BASELINES, MethodFactory, Sampling
     from specdec.commands.common import quiet_libraries
+    from specdec.cpu import machine_tag
     from specdec.models import resolve
 
     check_context(resolve(args.model), args.max_new_tokens)  # after the cheap checks: it may download
@@ -75,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             methods.insert(0, factory.build(BASELINES[family]))
     console = Console(stderr=True)
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype,
-                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "methods": {}}
+                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                     "repeats": args.repeats, "cpu": machine_tag(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         _write_outputs(out, bench)
@@ -118,7 +124,8 @@ def _run(model, methods, questions, args, console: Console):
             progress.update(task, completed=i + 1, description=questions[i].category)
             live.update(Group(progress, results_table(summarize(bench, model, i + 1, divergences=False), overall_only=True)))
 
-        bench = run_bench(model, methods, questions, args.max_new_tokens, args.temperature == 0, args.seed, update)
+        bench = run_bench(model, methods, questions, args.max_new_tokens, args.temperature == 0, args.seed, update,
+                          args.repeats)
     summary = summarize(bench, model)
     console.print(results_table(summary))
     return bench, summary
