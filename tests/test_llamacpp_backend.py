@@ -60,6 +60,12 @@ def test_greedy_speculative_output_diverges_only_within_batch_noise(weights):
     plain = decode(weights.backend(), prompt, cfg).token_ids
     spec = decode(weights.backend(), prompt, cfg, NgramDrafter(), FixedK(4)).token_ids
     assert len(spec) == len(plain) == 24
+    assert_diverges_only_within_noise(weights, prompt, plain, spec)
+
+
+def assert_diverges_only_within_noise(weights, prompt: list[int], plain: list[int], spec: list[int]) -> None:
+    """Where ``spec`` first leaves ``plain``, its token must be within this machine's batch-shape
+    noise (measured now, over the 8 positions before) of plain's top logit there."""
     d = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), None)
     if d is None:
         return
@@ -69,7 +75,7 @@ def test_greedy_speculative_output_diverges_only_within_batch_noise(weights):
     sequential = torch.cat([one_by_one.extend([t]) for t in seq[-8:]])
     batched = weights.backend()
     batched.prefill(seq[:-8])
-    noise = float((batched.extend(seq[-8:]) - sequential).abs().max())  # this CPU's, measured now
+    noise = float((batched.extend(seq[-8:]) - sequential).abs().max())
     row = sequential[-1]
     assert float(row.max() - row[spec[d]]) <= 2 * noise + 1e-6
 
@@ -92,3 +98,68 @@ def test_context_overflow_is_a_clear_error():
 def test_out_of_vocabulary_ids_are_refused_not_wrapped(weights):
     with pytest.raises(specdec.SpecdecError, match="token ids must be in"):
         weights.backend().extend([2**40])
+
+
+def _tree_twins(weights, backend_class=LlamaCppBackend):
+    """Two backends score trees of one shape that differ off the kept path only."""
+    import random
+
+    from specdec import tree as trees
+
+    rng = random.Random(0)
+    prefix = [rng.randrange(100, 5000) for _ in range(20)]
+    shape = [-1, 0, 0, 1, 1, 2, 3, 3, 5]
+    path = trees.path_to(shape, 7)
+    tokens_a = [rng.randrange(100, 5000) for _ in shape]
+    tokens_b = [t if i in path else t + 1 for i, t in enumerate(tokens_a)]
+    twins = []
+    for tokens in (tokens_a, tokens_b):
+        backend = backend_class(weights)
+        backend.extend(prefix)
+        twins.append((backend, backend.extend(tokens, tree=shape)))
+    return prefix, path, twins
+
+
+def test_tree_nodes_see_only_their_ancestors_and_the_kept_path_is_exact(weights):
+    prefix, path, twins = _tree_twins(weights)
+    (a, logits_a), (b, logits_b) = twins
+    for node in path:  # the twins' other branches differ, and no path node can tell
+        assert torch.equal(logits_a[node], logits_b[node]), node
+    assert not torch.equal(logits_a[2], logits_b[2])  # node 2 itself differs between the twins
+    for backend in (a, b):
+        backend.truncate(len(prefix), keep=path)
+        assert backend.length == len(prefix) + len(path)
+    assert torch.equal(a.extend([7, 8]), b.extend([7, 8]))
+
+
+def test_the_tree_twin_test_catches_siblings_that_see_each_other(weights):
+    class OneSequence(LlamaCppBackend):
+        def _run_batch(self, tokens, positions, seq_ids, wanted):  # every node in sequence 0 only
+            return super()._run_batch(tokens, positions, [[0]] * len(tokens), wanted)
+
+    _, path, twins = _tree_twins(weights, OneSequence)
+    assert any(not torch.equal(twins[0][1][node], twins[1][1][node]) for node in path)
+
+
+def test_greedy_tree_speculation_diverges_only_within_batch_noise(weights):
+    from specdec.drafters.ngram import NgramDrafter as Ngram
+
+    prompt = [100, 200, 300, 400, 100, 200, 300, 400, 100, 250, 300, 400, 100]
+    cfg = DecodeConfig(max_new_tokens=24)
+
+    class Branching(Ngram):  # an n-gram chain plus a wrong sibling at every depth: a real tree
+        def propose(self, tokens, k, stop=None):
+            chain = super().propose(tokens, max(1, k // 2), stop)
+            if not chain.tokens:
+                return chain
+            toks, parents = [], []
+            for i, t in enumerate(chain.tokens):
+                parents += [len(toks) - 2 if i else -1, len(toks) - 2 if i else -1]
+                toks += [t, (t + 1) % 5000]
+            from specdec.types import Draft
+            return Draft(toks, parents=parents, confidence=[0.9] * len(toks))
+
+    plain = decode(weights.backend(), prompt, cfg).token_ids
+    spec = decode(weights.backend(), prompt, cfg, Branching(), FixedK(8))
+    assert any(s.parents is not None for s in spec.trace)
+    assert_diverges_only_within_noise(weights, prompt, plain, spec.token_ids)

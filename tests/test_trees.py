@@ -271,3 +271,76 @@ def test_the_tree_distribution_test_catches_a_broken_tree_verifier(monkeypatch):
     monkeypatch.setattr(specdec.engine, "verify", _no_residual_update)
     counts, _, dist = _tree_counts("rejection")
     assert chi_square_pvalue(counts, dist) < 1e-6
+
+
+# -- the transformers backend ---------------------------------------------------------------------
+def _hf_model(request, which: str, attention: str):
+    import copy
+
+    model = copy.deepcopy(request.getfixturevalue(which))
+    model.set_attn_implementation(attention)
+    return model
+
+
+TREE = [-1, 0, 0, 1, 1, 2, 3, 3, 5]  # the root (the last token) and a tree below it, depth up to 4
+DEEP = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 7, 2]  # deeper than tiny Gemma's window of 6: a branch forgets its start
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("which, prefix_len, TREE", [("tiny_llama", 5, TREE), ("tiny_gemma3", 3, TREE),
+                                                     ("tiny_gemma3", 11, TREE), ("tiny_gemma3", 8, DEEP)],
+                         ids=["llama", "gemma3-inside-window", "gemma3-past-window", "gemma3-deeper-than-window"])
+def test_hf_tree_logits_equal_branch_by_branch_runs(request, which, prefix_len, TREE, attention):
+    from specdec.backends.hf import HFBackend
+
+    model = _hf_model(request, which, attention)
+    rng = random.Random(prefix_len)
+    prefix = [rng.randrange(3, 96) for _ in range(prefix_len)]
+    tokens = [rng.randrange(3, 96) for _ in TREE]
+    backend = HFBackend(model)
+    assert backend.supports_tree
+    backend.extend(prefix)
+    logits = backend.extend(tokens, tree=TREE)
+    # float64 throughout with SDPA; eager attention takes its softmax in float32 (Gemma), so rows of
+    # different lengths round differently there at the 1e-8 level
+    atol = 1e-9 if attention == "sdpa" else 1e-6
+    for i in range(len(TREE)):  # each node as the end of its own branch, run as a plain sequence
+        branch = prefix + [tokens[a] for a in trees.path_to(TREE, i)]
+        assert torch.allclose(logits[i], HFBackend(model).extend(branch)[-1], atol=atol), i
+    keep = trees.path_to(TREE, 8)
+    backend.truncate(prefix_len, keep=keep)
+    accepted = prefix + [tokens[o] for o in keep]
+    assert backend.length == len(accepted)
+    assert torch.allclose(backend.extend([7, 8]), HFBackend(model).extend(accepted + [7, 8])[-2:], atol=atol)
+
+
+def test_the_tree_mask_test_catches_the_wrong_mask_convention(request):
+    """A boolean mask handed to eager attention is added to the scores as 0/1: nothing is masked."""
+    from specdec.backends.hf import HFBackend
+
+    model = _hf_model(request, "tiny_llama", "eager")
+    backend = HFBackend(model)
+    backend._mask_style = "bool"
+    prefix, tokens = [5, 6, 7], [8, 9, 10, 11]
+    backend.extend(prefix)
+    logits = backend.extend(tokens, tree=[-1, 0, 0, 1])
+    branch = prefix + [8, 10]  # node 2's branch: it must not see its sibling 9
+    assert not torch.allclose(logits[2], HFBackend(model).extend(branch)[-1], atol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3"])
+@pytest.mark.parametrize("right", [True, False])
+def test_greedy_tree_speculation_on_hf_models_equals_plain(request, which, right):
+    from specdec.backends.hf import HFBackend
+
+    model = request.getfixturevalue(which)
+    prompt = [1, 5, 9, 5, 9, 5, 9, 11]
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=frozenset({2}))
+    plain = decode(HFBackend(model), prompt, cfg)
+    reference = prompt + decode(HFBackend(model), prompt, DecodeConfig(max_new_tokens=40)).token_ids
+    tree_steps = 0
+    for seed in range(3):
+        spec = decode(HFBackend(model), prompt, cfg, RandomTreeDrafter(reference, 96, right, seed), FixedK(8))
+        assert spec.token_ids == plain.token_ids, seed
+        tree_steps += sum(s.parents is not None for s in spec.trace)
+    assert tree_steps > 0

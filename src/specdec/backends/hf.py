@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Backend, check_extend, check_truncate
+from specdec import tree as trees
+from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
 from specdec.errors import SpecdecError
 from specdec.registry import LoadedWeights, LoadRequest, backend
 
@@ -15,17 +16,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFBackend(Backend):
-    """One sequence on a transformers causal LM (any dtype; logits are returned as float32)."""
+    """One sequence on a transformers causal LM (any dtype; logits are returned as float32).
+
+    Draft trees are scored with a custom 4-D attention mask (each node sees the cache and its
+    ancestors; Gemma 3's sliding layers get their own mask, windowed by position) and position ids
+    by depth; keeping a path then compacts every layer's keys and values to the accepted rows.
+    The mask follows the attention implementation's convention: boolean (True = attend) for SDPA,
+    additive float (0 or the dtype's minimum) for eager. Handing a boolean mask to eager attention
+    would add 0/1 to the scores and mask nothing.
+    """
+
+    MASK_STYLES = {"sdpa": "bool", "eager": "additive"}
 
     def __init__(self, model) -> None:
         self.model = model
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(model.config, "max_position_embeddings", None)
-        layer_types = getattr(model.config, "layer_types", None) or []
+        self._layer_types = list(getattr(model.config, "layer_types", None) or [])
         # Sliding-window layers (Gemma 3) past their window can only be rolled back if they kept
         # (recorded) the rows they would have evicted; full-attention models need no recording.
         self._window = getattr(model.config, "sliding_window", None) or 0
-        self._sliding = self._window > 0 and any("sliding" in str(t) for t in layer_types)
+        self._sliding = self._window > 0 and any("sliding" in str(t) for t in self._layer_types)
+        self._mask_style = self.MASK_STYLES.get(getattr(model.config, "_attn_implementation", None) or "sdpa")
+        self.supports_tree = self._mask_style is not None and set(self._layer_types) <= {
+            "full_attention", "sliding_attention"}
         self.reset()
 
     def reset(self) -> None:
@@ -38,23 +52,66 @@ class HFBackend(Backend):
         # Recorded sliding layers can undo only what was added since their last crop, which trims
         # them back to the window: rolling back below this floor needs a recompute.
         self._floor = 0
+        self._last: tuple[int, list[int] | None] = (0, None)  # start and tree of the last extend
 
     @property
     def length(self) -> int:
         return len(self.tokens)
 
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        check_extend(tokens)
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False,
+               tree: Sequence[int] | None = None) -> torch.Tensor:
+        check_extend(tokens, tree, self.supports_tree)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not another extend")
         ids = torch.tensor([list(tokens)], dtype=torch.long)
+        start = len(self.tokens)
+        extra = {} if tree is None else self._tree_inputs(start, list(tree))
         with torch.inference_mode():
             # logits_to_keep=0 means "every position" in transformers.
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                             logits_to_keep=1 if last_only else 0)
+                             logits_to_keep=1 if last_only else 0, **extra)
         self.tokens.extend(tokens)
+        self._last = (start, None if tree is None else list(tree))
         return out.logits[0].float()
 
-    def truncate(self, length: int) -> None:
+    def _tree_inputs(self, start: int, tree: list[int]) -> dict:
+        """``position_ids`` by depth and the attention mask(s) for scoring ``tree`` after ``start`` tokens."""
+        n = len(tree)
+        positions = torch.tensor([start + d - 1 for d in trees.depths(tree)])
+        ancestors = trees.ancestor_mask(tree)
+        full = torch.cat([torch.ones(n, start, dtype=torch.bool), ancestors], dim=1)
+        masks = {"full_attention": full}
+        if self._sliding:
+            # A sliding layer returns its cached rows from kv_offset on (the last window - 1 once
+            # full), then the new rows; a node at position P sees keys at positions > P - window.
+            full_layer = start >= self._window
+            offset = start - self._window + 1 if full_layer else 0
+            cached = torch.arange(offset, start)
+            visible = (positions[:, None] - cached[None, :]) < self._window
+            # The window holds for ancestors too: a branch deeper than it forgets its own start.
+            near = (positions[:, None] - positions[None, :]) < self._window
+            masks["sliding_attention"] = torch.cat([visible, ancestors & near], dim=1)
+        masks = {kind: self._mask_format(m) for kind, m in masks.items()}
+        mask = masks if self._layer_types and len(masks) > 1 else masks["full_attention"]
+        return {"attention_mask": mask, "position_ids": positions[None, :]}
+
+    def _mask_format(self, allowed: torch.Tensor) -> torch.Tensor:
+        """``[n, kv]`` bool (True = may attend) as the attention implementation wants it, ``[1, 1, n, kv]``."""
+        if self._mask_style == "bool":
+            return allowed[None, None]
+        dtype = self.model.dtype
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+    def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
         check_truncate(length, len(self.tokens))
+        start, tree = self._last
+        self._last = (start, None)
+        if keep is not None:
+            check_keep(tree, start, length, keep)
+            self._keep_rows(start, list(keep))
+            return
+        if tree is not None and length > start:
+            check_keep(tree, start, start, list(range(length - start)))
         if not self.tokens:
             return  # nothing cached (the cache layers are not even initialised yet)
         if self._sliding and length < self._floor:
@@ -69,6 +126,22 @@ class HFBackend(Backend):
         del self.tokens[length:]
         if self._sliding and length >= self._window:
             self._floor = length
+
+    def _keep_rows(self, start: int, keep: list[int]) -> None:
+        """Compact every layer to the cached prefix plus the kept rows of the last (tree) extend."""
+        added = len(self.tokens) - start
+        for layer in self.cache.layers:
+            rows = layer.keys.shape[-2]
+            index = torch.tensor(list(range(rows - added)) + [rows - added + o for o in keep])
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length -= added - len(keep)
+        self.tokens[start:] = [self.tokens[start + o] for o in keep]
+        if self._sliding:
+            self.cache.crop(0)  # trims the recorded sliding rows back to the window
+            if len(self.tokens) >= self._window:
+                self._floor = len(self.tokens)
 
 
 @backend("transformers", "PyTorch through Hugging Face transformers (float32, or bfloat16 on CPUs with "

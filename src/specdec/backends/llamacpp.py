@@ -18,11 +18,13 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from specdec.backends.base import Backend, check_extend, check_truncate
+from specdec import tree as trees
+from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
 from specdec.errors import SpecdecError
 from specdec.registry import LoadedWeights, LoadRequest, backend
 
 MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
+MAX_BRANCHES = 32  # sequence ids per context: a draft tree may have at most this many leaves
 
 
 @lru_cache(maxsize=1)
@@ -85,7 +87,16 @@ def _load(request: LoadRequest) -> LoadedWeights:
 
 
 class LlamaCppBackend(Backend):
-    """One sequence (seq id 0) in its own llama.cpp context."""
+    """One sequence (seq id 0) in its own llama.cpp context.
+
+    A draft tree is scored in one batch with a sequence id per branch (root-to-leaf path): a node
+    shared by several branches carries all their ids, and llama.cpp lets a token attend to the
+    cells of its first id, which every ancestor carries too. The cached prefix is shared with each
+    branch by ``seq_cp`` (the KV buffer is unified, so nothing is copied), and keeping a path
+    hands the accepted branch's cells back to sequence 0.
+    """
+
+    supports_tree = True
 
     def __init__(self, weights: LlamaCppWeights) -> None:
         llama_cpp = _llama()
@@ -100,22 +111,30 @@ class LlamaCppBackend(Backend):
         params.n_threads_batch = weights.n_threads
         # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
         params.swa_full = True
+        params.n_seq_max = MAX_BRANCHES
+        params.kv_unified = True  # branches share the prefix's cells
         self.ctx = llama_cpp.llama_init_from_model(weights.model, params)
         if not self.ctx:
             raise SpecdecError("llama.cpp could not create a context")
-        self.batch = llama_cpp.llama_batch_init(weights.n_batch, 0, 1)
+        self.batch = llama_cpp.llama_batch_init(weights.n_batch, 0, MAX_BRANCHES)
         self.tokens: list[int] = []
+        self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
 
     @property
     def length(self) -> int:
         return len(self.tokens)
 
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        check_extend(tokens)
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False,
+               tree: Sequence[int] | None = None) -> torch.Tensor:
+        check_extend(tokens, tree, self.supports_tree)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not another extend")
         if min(tokens) < 0 or max(tokens) >= self.vocab_size:  # llama.cpp would wrap them silently
             raise SpecdecError(f"token ids must be in 0..{self.vocab_size - 1}")
         if len(self.tokens) + len(tokens) > self.weights.n_ctx:
             raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.weights.n_ctx} tokens")
+        if tree is not None:
+            return torch.from_numpy(self._decode_tree(list(tokens), list(tree), last_only))
         rows: list[np.ndarray] = []
         step = self.weights.n_batch
         for start in range(0, len(tokens), step):
@@ -126,27 +145,65 @@ class LlamaCppBackend(Backend):
         return torch.from_numpy(logits)
 
     def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
-        batch, base = self.batch, len(self.tokens)
-        n = len(chunk)
+        base, n = len(self.tokens), len(chunk)
+        wanted = [want_all or (want_last and i == n - 1) for i in range(n)]
+        return self._run_batch(chunk, [base + i for i in range(n)], [[0]] * n, wanted)
+
+    def _decode_tree(self, tokens: list[int], tree: list[int], last_only: bool) -> np.ndarray:
+        leaves = trees.leaves(tree)
+        if len(leaves) > MAX_BRANCHES or len(tokens) > self.weights.n_batch:
+            raise ValueError(f"a tree for this backend has at most {MAX_BRANCHES} leaves and "
+                             f"{self.weights.n_batch} nodes")
+        start = len(self.tokens)
+        branches = [trees.path_to(tree, leaf) for leaf in leaves]
+        ids: list[list[int]] = [[] for _ in tokens]
+        for b, path in enumerate(branches):
+            for node in path:
+                ids[node].append(b)
+        mem = _llama().llama_get_memory(self.ctx)
+        for b in range(1, len(branches)):
+            _llama().llama_memory_seq_cp(mem, 0, b, 0, start)  # the prefix, shared (unified KV)
+        depth = trees.depths(tree)
+        wanted = [not last_only or i == len(tokens) - 1 for i in range(len(tokens))]
+        out = self._run_batch(tokens, [start + d - 1 for d in depth], ids, wanted)
+        self._last = (start, tree, branches)
+        return out
+
+    def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
+                   wanted: list[bool]) -> np.ndarray:
+        batch, n = self.batch, len(tokens)
         batch.n_tokens = n
-        for i, tok in enumerate(chunk):
+        for i, tok in enumerate(tokens):
             batch.token[i] = tok
-            batch.pos[i] = base + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = want_all or (want_last and i == n - 1)
+            batch.pos[i] = positions[i]
+            batch.n_seq_id[i] = len(seq_ids[i])
+            for j, s in enumerate(seq_ids[i]):
+                batch.seq_id[i][j] = s
+            batch.logits[i] = wanted[i]
         llama_cpp = _llama()
         if llama_cpp.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
-        self.tokens.extend(chunk)
-        n_out = n if want_all else int(want_last)
+        self.tokens.extend(tokens)
+        n_out = sum(wanted)
         if not n_out:
             return np.empty((0, self.vocab_size), dtype=np.float32)
         ptr = llama_cpp.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
 
-    def truncate(self, length: int) -> None:
+    def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
         check_truncate(length, len(self.tokens))
+        start, tree, branches = self._last
+        self._last = (start, None, [])
+        if keep is not None:
+            check_keep(tree, start, length, keep)
+            self._keep_branch(start, list(keep), branches)
+            return
+        if tree is not None:
+            if length > start:
+                check_keep(tree, start, start, list(range(length - start)))
+                self._keep_branch(start, list(range(length - start)), branches)
+                return
+            self._drop_branches(start, len(branches))
         if length == len(self.tokens):
             return
         mem = _llama().llama_get_memory(self.ctx)
@@ -158,9 +215,30 @@ class LlamaCppBackend(Backend):
             return
         del self.tokens[length:]
 
+    def _keep_branch(self, start: int, keep: list[int], branches: list[list[int]]) -> None:
+        """Sequence 0 becomes the prefix plus the path ``keep`` (offsets into the last tree extend)."""
+        lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
+        last = keep[-1] if keep else -1
+        chosen = next(b for b, path in enumerate(branches) if last < 0 or last in path)
+        for b in range(1, len(branches)):
+            if b != chosen:
+                lib.llama_memory_seq_rm(mem, b, -1, -1)
+        if chosen != 0:
+            lib.llama_memory_seq_rm(mem, 0, start, -1)
+            lib.llama_memory_seq_cp(mem, chosen, 0, start, -1)
+            lib.llama_memory_seq_rm(mem, chosen, -1, -1)
+        lib.llama_memory_seq_rm(mem, 0, start + len(keep), -1)  # the branch below the kept path
+        self.tokens[start:] = [self.tokens[start + o] for o in keep]
+
+    def _drop_branches(self, start: int, count: int) -> None:
+        lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
+        for b in range(1, count):
+            lib.llama_memory_seq_rm(mem, b, -1, -1)
+
     def reset(self) -> None:
         _llama().llama_memory_clear(_llama().llama_get_memory(self.ctx), True)
         self.tokens = []
+        self._last = (0, None, [])
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
