@@ -6,6 +6,7 @@ import pytest
 
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
+from specdec.types import Verdict
 
 
 def propose(tokens, k, **kw):
@@ -69,7 +70,7 @@ def test_observe_calibrates_the_confidence_online():
     tokens = [5, 6, 9, 8, 7, 6]
     before = drafter.propose(tokens, 1)
     for _ in range(50):
-        drafter.observe(before, 1)  # always accepted
+        drafter.observe(before, Verdict(before.tokens + [0], 1, True))  # always accepted
     assert drafter.propose(tokens, 1).confidence[0] > 0.9 > before.confidence[0]
 
 

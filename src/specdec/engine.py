@@ -144,7 +144,7 @@ class DecodeRun:
                     self.done = True
                     break
             tokens.extend(emitted)
-            self.drafter.observe(draft, verdict.num_accepted)
+            self.drafter.observe(draft, verdict)
             self.policy.observe(len(draft), verdict.num_accepted, t2 - t1, base)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,

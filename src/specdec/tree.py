@@ -105,3 +105,15 @@ def closed_under_ancestors(parents: Sequence[int], drop: set[int]) -> list[int]:
         if i in drop or p in removed:
             removed.add(i)
     return [i for i in range(len(parents)) if i not in removed]
+
+
+def judged(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, bool]]:
+    """(node, accepted) for every node verification judged: the children of the root and of each
+    accepted node (the one on ``path`` accepted, the others rejected). Deeper nodes were never
+    judged on the context they were drafted for."""
+    kids = children(parents)
+    on_path = set(path)
+    out = []
+    for node in [-1, *path]:
+        out.extend((child, child in on_path) for child in kids[node])
+    return out

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
+from specdec import tree as trees
+from specdec.types import Draft, Verdict
+
 Features = tuple
 Bucket = Callable[[Features], Hashable]
 
@@ -11,9 +14,10 @@ Bucket = Callable[[Features], Hashable]
 class AcceptanceTable:
     """Beta-Bernoulli estimates per feature bucket, starting from a prior guess.
 
-    ``update`` learns from one verified draft: tokens before the first rejection were accepted,
-    the first rejected one was not, and tokens after it say nothing (they were never judged on
-    the context they were drafted for).
+    Only judged tokens teach it: in a chain, the tokens before the first rejection were accepted
+    and the first rejected one was not, while tokens after it say nothing (they were never judged
+    on the context they were drafted for). In a tree, every child tried along the accepted path was
+    judged: the one on the path accepted, its siblings rejected.
     """
 
     def __init__(self, prior: Callable[[Features], float], bucket: Bucket, strength: float = 8.0) -> None:
@@ -26,8 +30,20 @@ class AcceptanceTable:
         accepted, judged = self.counts.get(self.bucket(feats), (0.0, 0.0))
         return (accepted + self.strength * self.prior(feats)) / (judged + self.strength)
 
+    def record(self, feats: Features, accepted: bool) -> None:
+        cell = self.counts.setdefault(self.bucket(feats), [0.0, 0.0])
+        cell[0] += accepted
+        cell[1] += 1
+
     def update(self, features: Sequence[Features], num_accepted: int) -> None:
+        """Learn from a chain whose first ``num_accepted`` tokens were kept."""
         for i, feats in enumerate(features[:num_accepted + 1]):
-            cell = self.counts.setdefault(self.bucket(feats), [0.0, 0.0])
-            cell[0] += i < num_accepted
-            cell[1] += 1
+            self.record(feats, i < num_accepted)
+
+    def learn(self, draft: Draft, verdict: Verdict) -> None:
+        """Learn from one verified draft, chain or tree."""
+        if not draft.is_tree:
+            self.update(draft.features, verdict.num_accepted)
+            return
+        for node, accepted in trees.judged(draft.parents, verdict.path):
+            self.record(draft.features[node], accepted)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler, SamplingParams
-from specdec.types import Draft
+from specdec.types import Draft, Verdict
 
 # Called with the confidences of the tokens drafted so far; True ends the draft there.
 StopDrafting = Callable[[list[float]], bool]
@@ -40,8 +40,8 @@ class Drafter(ABC):
         each token; free drafters may ignore it.
         """
 
-    def observe(self, draft: Draft, num_accepted: int) -> None:
-        """Feedback after verification: the first ``num_accepted`` tokens of ``draft`` were kept."""
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
+        """Feedback after verification: ``verdict.path`` holds the draft nodes that were kept."""
 
     def close(self) -> None:
         """The generation is over: give back what was borrowed (e.g. a draft model's KV cache)."""

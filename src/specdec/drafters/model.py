@@ -12,7 +12,7 @@ from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
 from specdec.text import different_vocabularies
-from specdec.types import Draft
+from specdec.types import Draft, Verdict
 
 
 class ModelDrafter(Drafter):
@@ -81,9 +81,9 @@ class ModelDrafter(Drafter):
             forwards += 1
         return Draft(out, torch.stack(qs) if qs else None, forwards, confidence, features, probs)
 
-    def observe(self, draft: Draft, num_accepted: int) -> None:
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
         if draft.features:
-            self.table.update(draft.features, num_accepted)
+            self.table.learn(draft, verdict)
 
     def close(self) -> None:
         if self._release is not None:

@@ -8,10 +8,16 @@ frequent continuation, the latest on ties), token by token, like a suffix tree (
 Oliaro et al. 2024). Each token also gets an estimated acceptance probability from what predicts it
 best: how long the match is and how unanimous the earlier continuations were, calibrated online by
 :class:`AcceptanceTable`. No model is involved, so the draft is deterministic (one-hot q).
+
+With ``tree=True`` the draft branches where earlier continuations disagree: each node's children
+are the distinct continuations of its longest matching suffix, and the tree grows best-first by
+estimated path probability (SuffixDecoding's speculation tree), so any prefix of its nodes is the
+best tree of that size and the policy can keep the size that pays.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -19,9 +25,11 @@ from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
-from specdec.types import Draft
+from specdec.types import Draft, Verdict
 
 MAX_MATCH = 32  # how far back a match is measured; longer ones predict no better
+WIDTH = 3  # most children a tree node gets (the most frequent continuations)
+MIN_PATH = 0.02  # nodes less likely than this to be reached add nothing worth a verified row
 
 
 class NgramDrafter(Drafter):
@@ -29,11 +37,13 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, table: AcceptanceTable | None = None) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, table: AcceptanceTable | None = None,
+                 tree: bool = False) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise SpecdecError(f"n-gram sizes need 1 <= min ({min_ngram}) <= max ({max_ngram})")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.tree = tree
         self.table = table or AcceptanceTable(ngram_prior, ngram_bucket)
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
@@ -45,22 +55,59 @@ class NgramDrafter(Drafter):
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         self._sync(tokens)
+        if self.tree:
+            return self._propose_tree(k)
         draft: list[int] = []
         confidence: list[float] = []
         features: list[tuple[int, int, int]] = []
         for _ in range(k):
-            step = self._next(draft)
-            if step is None:
+            found = self._continuations(draft)
+            if not found:
                 break
-            token, feats = step
+            token, feats = found[0]
             draft.append(token)
             features.append(feats)
             confidence.append(self.table.estimate(feats))
         return Draft(draft, confidence=confidence, features=features)
 
-    def observe(self, draft: Draft, num_accepted: int) -> None:
+    def _propose_tree(self, k: int) -> Draft:
+        """Grow a tree best-first by path probability: pop the likeliest candidate, add its children."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        confidence: list[float] = []
+        features: list[tuple[int, int, int]] = []
+        paths: list[list[int]] = []
+        heap: list[tuple[float, int, int, int, tuple, float]] = []  # (-path prob, order, parent, token, feats, conf)
+        order = 0
+
+        def expand(parent: int, path: list[int], reach: float) -> None:
+            nonlocal order
+            found = self._continuations(path, every_level=True)
+            found = sorted(found, key=lambda c: self.table.estimate(c[1]), reverse=True)[:WIDTH]
+            estimates = [self.table.estimate(f) for _, f in found]
+            # Siblings are disjoint events (the target picks one token): their estimates may not add up past 1.
+            scale = min(1.0, 1.0 / sum(estimates)) if estimates else 1.0
+            for (token, feats), est in zip(found, estimates):
+                conf = est * scale
+                if reach * conf >= MIN_PATH:
+                    heapq.heappush(heap, (-reach * conf, order, parent, token, feats, conf))
+                    order += 1
+
+        expand(-1, [], 1.0)
+        while heap and len(tokens) < k:
+            neg, _, parent, token, feats, conf = heapq.heappop(heap)
+            path = (paths[parent] if parent >= 0 else []) + [token]
+            tokens.append(token)
+            parents.append(parent)
+            confidence.append(conf)
+            features.append(feats)
+            paths.append(path)
+            expand(len(tokens) - 1, path, -neg)
+        return Draft(tokens, confidence=confidence, features=features, parents=parents or None)
+
+    def observe(self, draft: Draft, verdict: Verdict) -> None:
         if draft.features:
-            self.table.update(draft.features, num_accepted)
+            self.table.learn(draft, verdict)
 
     # -- index ------------------------------------------------------------------------------------
     def _sync(self, tokens: Sequence[int]) -> None:
@@ -75,10 +122,17 @@ class NgramDrafter(Drafter):
             for n in range(1, min(self.max_ngram, end) + 1):
                 self._index.setdefault(tuple(seq[end - n:]), []).append(end)
 
-    def _next(self, draft: list[int]) -> tuple[int, tuple[int, int, int]] | None:
-        """The next draft token after context + ``draft``, with its features (match, agreement, count)."""
+    def _continuations(self, draft: list[int], every_level: bool = False) -> list[tuple[int, tuple[int, int, int]]]:
+        """The tokens that followed the longest earlier match of context + ``draft``, most frequent
+        first (the latest on ties), each with its features (match, agreement, count).
+
+        ``every_level`` adds, from shorter matches, tokens the longest one never saw followed by
+        (with that level's features, so their estimates come out lower); a tree branches on them.
+        """
         seq = self._seq
         tail = (seq[-self.max_ngram:] + draft)[-self.max_ngram:]
+        out: list[tuple[int, tuple[int, int, int]]] = []
+        seen: set[int] = set()
         for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
             ends = [e for e in self._index.get(tuple(tail[-n:]), ()) if e < len(seq)]
             if not ends:
@@ -89,11 +143,14 @@ class NgramDrafter(Drafter):
                 tok = seq[e]
                 counts[tok] = counts.get(tok, 0) + 1
                 latest[tok] = e
-            token = max(counts, key=lambda t: (counts[t], latest[t]))
-            match = n if n < self.max_ngram else self._match_length(latest[token], draft)
-            agreement = counts[token] * 100 // len(ends)
-            return token, (match, agreement, counts[token])
-        return None
+            for token in sorted(counts, key=lambda t: (counts[t], latest[t]), reverse=True):
+                if token not in seen:
+                    seen.add(token)
+                    match = n if n < self.max_ngram else self._match_length(latest[token], draft)
+                    out.append((token, (match, counts[token] * 100 // len(ends), counts[token])))
+            if not every_level:
+                break
+        return out
 
     def _match_length(self, end: int, draft: list[int]) -> int:
         """How many tokens before ``end`` equal the tokens before the current draft position."""
@@ -122,8 +179,9 @@ def ngram_prior(feats: tuple[int, int, int]) -> float:
     return 1.0 / (1.0 + math.exp(-z))
 
 
-@drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model)", order=10)
+@drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model); "
+                  "with --tree it branches where earlier continuations disagree", order=10)
 def _build_ngram(request: DraftRequest) -> NgramDrafter:
     # One acceptance table per target model: what it learns carries over to later generations.
     table = request.target.shared("ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))
-    return NgramDrafter(table=table)
+    return NgramDrafter(table=table, tree=request.tree)
