@@ -124,8 +124,9 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "TINY", "--drafter", "magic"], "invalid choice"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model"], "--draft-model"),
     (["generate", "hi", "--model", "TINY", "--draft-model", "TINY"], "only used with a drafter that runs a model"),
-    (["generate", "hi", "--model", "TINY", "--drafter", "model", "--draft-model", "OTHER"],
-     "different vocabularies"),
+    (["vocab", "--model", "TINY", "--draft-model", "/no/such/folder/"], "not found"),
+    (["vocab", "--model", "TINY"], "--draft-model"),
+    (["generate", "hi", "--model", "TINY", "--tree", "--num-draft", "0"], "--num-draft"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model", "--draft-model", "/no/such/folder/"], "not found"),
     (["generate", "hi", "--model", "NOTGGUF"], "not a .gguf file"),
     (["generate", "hi", "--model", "EMPTYDIR"], "without a config.json"),
@@ -253,14 +254,25 @@ def test_refused_before_the_model_loads(capsys, no_loading, no_template_dir, ext
     assert err.splitlines() == [err.strip()] and err.startswith("error: ") and message in err, err
 
 
-def test_a_draft_model_with_another_vocabulary_is_refused_before_loading(capsys, no_loading, tiny_model_dir,
-                                                                        tiny_other_vocab_dir):
-    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tiny_model_dir), "--drafter", "model",
-                             "--draft-model", str(tiny_other_vocab_dir))
-    assert no_loading == []
-    assert code == 2 and err.strip().splitlines() == [
-        f"error: draft model {tiny_other_vocab_dir.name} and target {tiny_model_dir.name} have different "
-        "vocabularies; token-level drafting needs the same tokenizer"]
+def test_a_draft_model_with_another_vocabulary_drafts_through_the_bridge(capsys, tiny_model_dir,
+                                                                         tiny_other_vocab_dir):
+    code, out, err = run_cli(capsys, "generate", "the quick brown fox", "--model", str(tiny_model_dir),
+                             "--drafter", "model", "--draft-model", str(tiny_other_vocab_dir), "--max-new-tokens",
+                             "16", "--policy", "fixed", "--num-draft", "4", "--compare", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["token_ids"] == result["baseline"]["token_ids"]
+    assert result["stats"]["drafted"] > 0
+
+
+def test_tree_drafting_from_the_cli_reports_tree_nodes(capsys, tiny_model_dir):
+    prompt = "the quick brown fox the quick brown dog the quick brown cat the quick brown"
+    code, out, err = run_cli(capsys, "generate", prompt, "--model", str(tiny_model_dir), "--tree",
+                             "--policy", "fixed", "--num-draft", "6", "--max-new-tokens", "16", "--compare", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["token_ids"] == result["baseline"]["token_ids"]
+    assert "tree_nodes" in result["stats"] and result["stats"]["tree_nodes"] > 0
 
 
 def test_max_new_tokens_just_inside_the_context_passes_the_early_check(capsys, no_loading, tiny_model_dir):

@@ -117,6 +117,7 @@ class Model:
         self.hf_model = hf_model
         self._costs: CostModel | None = None
         self._shared: dict[str, Any] = {}
+        self._logit_width: int | None = None
         self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
 
     @classmethod
@@ -161,20 +162,30 @@ class Model:
         """A fresh backend (its own KV cache) on this model's weights."""
         return self.pool.make()
 
+    @property
+    def logit_width(self) -> int:
+        """The number of logits per position (may exceed the tokenizer's vocabulary)."""
+        if self._logit_width is None:
+            with self.pool.lease() as backend:
+                self._logit_width = backend.vocab_size
+        return self._logit_width
+
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
         """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""
         if key not in self._shared:
             self._shared[key] = make()
         return self._shared[key]
 
-    def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None) -> Drafter:
-        """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself."""
+    def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None, tree: bool = False) -> Drafter:
+        """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself.
+
+        ``tree=True`` lets the drafter branch (drafters that only draft chains ignore it)."""
         if isinstance(kind, Drafter):
             return kind
         entry = DRAFTERS.get(kind)
         if entry.needs_draft_model and draft_model is None:
             raise SpecdecError(f"the {kind} drafter needs a draft model (--draft-model)")
-        return entry.build(DraftRequest(self, draft_model))
+        return entry.build(DraftRequest(self, draft_model, tree=tree))
 
     def policy(self, policy: str | DraftPolicy = "adaptive", num_draft: int | None = None) -> DraftPolicy:
         """A draft-length policy by registered name (``specdec.registry.POLICIES``), or ``policy``."""
@@ -197,10 +208,11 @@ class Model:
               num_draft: int | None = None, policy: str | DraftPolicy = "adaptive", temperature: float = 0.0,
               top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
               stop: str | Sequence[str] | None = None, chat: bool = False, verify: str = "coupled",
-              trace: bool = False) -> DecodeRun:
+              trace: bool = False, tree: bool = False) -> DecodeRun:
         """Prepare a generation without running it: iterate the result to stream steps.
 
-        ``policy`` chooses the draft length (see :meth:`policy`); ``num_draft`` bounds it.
+        ``policy`` chooses the draft length (see :meth:`policy`); ``num_draft`` bounds it (with
+        ``tree=True``, the draft may branch and ``num_draft`` bounds its number of nodes).
         ``verify`` is ``coupled`` (default: the same seed gives the same text with any drafter) or
         ``rejection`` (classic rejection sampling for model drafters). ``trace`` records each
         step's probabilities (p, q and min(1, p/q)) in the step records.
@@ -210,7 +222,7 @@ class Model:
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
         config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, stops.hit if stops else None,
                               verify, trace)
-        made = self.drafter(drafter, draft_model)
+        made = self.drafter(drafter, draft_model, tree)
         try:
             chosen = self.policy(policy, num_draft) if made.name != "none" else FixedK(1)
             backend = self.pool.take()

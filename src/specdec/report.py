@@ -29,6 +29,10 @@ def print_generation(out: Output, baseline: Output | None = None, *, drafter: st
         ("wall s", f"{s.wall_s:.2f}", b and f"{b.wall_s:.2f}"),
         ("tokens/s", f"{s.tokens_per_s:.1f}", b and f"{b.tokens_per_s:.1f}"),
     ]
+    if s.tree_nodes:
+        rows.insert(3, ("tree nodes verified", s.tree_nodes, b and "-"))
+    if s.draft_forwards:
+        rows.insert(3, ("draft-model forwards", s.draft_forwards, b and "-"))
     if s.drafted_per_pos:
         rows.insert(4, ("acceptance by position", " ".join(f"{a:.0%}" for a in s.acceptance_per_pos[:8]), b and "-"))
     for name, value, base in rows:

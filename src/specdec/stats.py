@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec import tree as trees
 from specdec.types import StepTrace
 
 
@@ -22,7 +23,8 @@ class GenerationStats:
     new_tokens: int = 0
     target_forwards: int = 0  # decoding forwards of the target (the prefill is not counted)
     draft_forwards: int = 0
-    drafted: int = 0
+    drafted: int = 0  # draft tokens verified (a tree's nodes included)
+    tree_nodes: int = 0  # draft nodes verified in steps whose draft branched
     accepted: int = 0
     draft_steps: int = 0  # steps that verified at least one draft token
     bonus: int = 0  # target tokens earned because every draft token was accepted
@@ -56,13 +58,16 @@ class GenerationStats:
         self.drafted += drafted
         self.accepted += step.accepted
         self.draft_steps += drafted > 0
+        self.tree_nodes += drafted if step.parents is not None else 0
         if step.target_token is not None:
             self.bonus += step.kind == "bonus"
             self.corrections += step.kind == "correction"
-        for counts, n in ((self.drafted_per_pos, drafted), (self.accepted_per_pos, step.accepted)):
+        # Positions are depths: a tree verifies as many positions as its deepest branch.
+        depth = drafted if step.parents is None else 1 + max(trees.depths(step.parents), default=-1)
+        for counts, n in ((self.drafted_per_pos, depth), (self.accepted_per_pos, step.accepted)):
             # Both lists span every drafted position, so a position never accepted still shows as 0.
-            if len(counts) < drafted:
-                counts.extend([0] * (drafted - len(counts)))
+            if len(counts) < depth:
+                counts.extend([0] * (depth - len(counts)))
             for i in range(n):
                 counts[i] += 1
         self.draft_s += step.draft_s
@@ -94,5 +99,6 @@ class GenerationStats:
             "correction_tokens": self.corrections,
             "accepted_per_pos": list(self.accepted_per_pos),
             "drafted_per_pos": list(self.drafted_per_pos),
+            "tree_nodes": self.tree_nodes,
             "acceptance_per_pos": [round(x, 4) for x in self.acceptance_per_pos],
         }

@@ -1,8 +1,8 @@
 """Benchmark methods: ours through :meth:`specdec.Model.generate`, the peers through their own
 public APIs (transformers' ``generate``, llama-cpp-python's ``Llama.generate``).
 
-Method strings: ``plain`` and every registered drafter as ``NAME[:ALIAS][:k=K][:policy=P][:verify=V]``
-(``ALIAS`` for drafters that run a model), and the peers' ``hf-plain``, ``hf-lookup[:k=K]``,
+Method strings: ``plain`` and every registered drafter as ``NAME[:ALIAS][:tree][:k=K][:policy=P][:verify=V]``
+(``ALIAS`` for drafters that run a model; ``tree`` lets the draft branch), and the peers' ``hf-plain``, ``hf-lookup[:k=K]``,
 ``hf-assisted:ALIAS``, ``llamacpp-plain``, ``llamacpp-lookup[:k=K]``.
 """
 
@@ -23,11 +23,12 @@ PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted":
 PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain", "llamacpp-lookup[:k=K]")
 BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain"}
 OUR_OPTIONS = ("k", "policy", "verify")
+TREE = "tree"  # the flag that lets our draft branch (ngram:tree, model:ALIAS:tree)
 
 
 def method_forms() -> list[str]:
     """Every method string this build understands (ours from the drafter registry, then the peers')."""
-    ours = ["plain"] + [f"{e.name}{':ALIAS' if e.needs_draft_model else ''}[:k=K][:policy=P][:verify=V]"
+    ours = ["plain"] + [f"{e.name}{':ALIAS' if e.needs_draft_model else ''}[:tree][:k=K][:policy=P][:verify=V]"
                         for e in DRAFTERS if e.name != "none"]
     return ours + list(PEER_FORMS)
 
@@ -47,6 +48,8 @@ class RunResult:
     draft_s: float | None = None
     accepted_per_pos: list[int] | None = None
     drafted_per_pos: list[int] | None = None
+    draft_forwards: int | None = None  # draft-model forwards (0 for drafters without a model)
+    tree_nodes: int | None = None  # draft nodes verified in steps whose draft branched
 
 
 @dataclass
@@ -92,7 +95,8 @@ class OurMethod(Method):
         s = out.stats
         rejections = sum(st.accepted < len(st.drafted) for st in out.trace if st.drafted)
         return RunResult(out.token_ids, wall, s.target_forwards, s.drafted, s.accepted, s.draft_steps,
-                         rejections, s.draft_s, s.accepted_per_pos, s.drafted_per_pos)
+                         rejections, s.draft_s, s.accepted_per_pos, s.drafted_per_pos, s.draft_forwards,
+                         s.tree_nodes)
 
 
 @dataclass
@@ -175,6 +179,9 @@ class MethodFactory:
         entry = DRAFTERS.get("none" if head == "plain" else head)
         kwargs: dict = {"drafter": entry.name}
         _check_ours(spec, entry, args, options)
+        if TREE in args:
+            kwargs["tree"] = True
+            args = [a for a in args if a != TREE]
         if entry.needs_draft_model:
             kwargs["draft_model"] = self._once(("ours", args[0]), lambda: load(args[0], dtype=self.dtype,
                                                                              backend=self.backend))
@@ -195,6 +202,12 @@ class MethodFactory:
             if len(args) != 1:
                 raise SpecdecError(f"method {spec!r}: write hf-assisted:ALIAS")
             extra["assistant_model"] = self._hf_model(args[0])
+            from transformers import AutoTokenizer
+
+            assistant = AutoTokenizer.from_pretrained(resolve(args[0]).hf_dir)
+            if assistant.get_vocab() != self.model.tokenizer.get_vocab():
+                # Universal Assisted Generation (greedy, through text; token intersection when sampling)
+                extra.update(tokenizer=self.model.tokenizer, assistant_tokenizer=assistant)
         elif head != "hf-plain":
             raise _unknown(spec)
         _no_more(spec, options)
@@ -255,6 +268,11 @@ def check_specs(specs: list[str], backend: str) -> None:
 def _check_ours(spec: str, entry, args: list[str], options: dict) -> None:
     from specdec.registry import POLICIES
     from specdec.sampling import VERIFY_MODES
+
+    if TREE in args:
+        if entry.name == "none":
+            raise SpecdecError(f"method {spec!r}: plain decoding drafts nothing to branch")
+        args = [a for a in args if a != TREE]
 
     if len(args) != int(entry.needs_draft_model):
         raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model

@@ -107,6 +107,10 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
         accepted_pos, drafted_pos = _sum_lists(r.accepted_per_pos for r in rs), _sum_lists(r.drafted_per_pos for r in rs)
         stats["accepted_per_pos"], stats["drafted_per_pos"] = accepted_pos, drafted_pos
         stats["acceptance_per_pos"] = [round(a / d, 4) if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)]
+        accepted = sum(r.accepted for r in rs)
+        stats["draft_forwards"] = sum(r.draft_forwards or 0 for r in rs)
+        stats["draft_forwards_per_accepted"] = round(stats["draft_forwards"] / accepted, 4) if accepted else None
+        stats["tree_nodes"] = sum(r.tree_nodes or 0 for r in rs)
     return stats
 
 

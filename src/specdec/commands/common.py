@@ -58,6 +58,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", help="the drafter's model, for drafters that use one")
     parser.add_argument("--num-draft", type=int, default=None, metavar="K",
                         help="draft tokens per step: the most with --policy adaptive, exactly K with --policy fixed")
+    parser.add_argument("--tree", action="store_true",
+                        help="let the draft branch (verified in one target forward with a tree attention mask); "
+                             "--num-draft then bounds its number of nodes")
     parser.add_argument("--policy", default="adaptive", choices=POLICIES.names(),
                         help="; ".join(f"{e.name}: {e.help}" for e in POLICIES) + " (default: adaptive)")
     parser.add_argument("--verify", default="coupled", choices=VERIFY_MODES,

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
     kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,
                   num_draft=args.num_draft, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, verify=args.verify)
+                  top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, verify=args.verify,
+                  tree=args.tree)
     prompt_ids = model.encode(args.prompt, chat=args.chat)
     baseline = None
     if args.compare:

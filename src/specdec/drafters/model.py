@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,8 +12,44 @@ from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
-from specdec.text import different_vocabularies
+from specdec.sampling import Sampler
+from specdec.vocab import VocabBridge
 from specdec.types import Draft, Verdict
+
+WIDTH = 3  # most children a tree node gets (the drafter's top tokens)
+MIN_PATH = 0.02  # nodes less likely than this to be reached are not worth a verified row
+
+
+def model_table() -> AcceptanceTable:
+    """Acceptance by the decile of the drafter's own probability (and, in trees, by sibling rank)."""
+    return AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f)
+
+
+@dataclass
+class DraftTokens:
+    """A draft being built: tokens with what verification and the policy need about each."""
+
+    want_q: bool
+    tokens: list[int] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    features: list[tuple] = field(default_factory=list)
+
+    def add(self, token: int, q: torch.Tensor, feats: tuple, table: AcceptanceTable) -> float:
+        self.tokens.append(token)
+        if self.want_q:
+            self.qs.append(q)
+        self.probs.append(float(q[token]))
+        self.features.append(feats)
+        estimate = table.estimate(feats)
+        self.confidence.append(estimate)
+        return estimate
+
+    def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None) -> Draft:
+        q = torch.stack(self.qs) if self.qs else None
+        return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, parents=parents,
+                     extra=extra)
 
 
 class ModelDrafter(Drafter):
@@ -29,57 +66,130 @@ class ModelDrafter(Drafter):
     Each token's confidence is the drafter's own probability for it, calibrated online; the
     ``stop`` callback (the policy's :meth:`~specdec.policies.base.DraftPolicy.stop_drafting`) can
     end the draft early, since a draft forward spent on a token that will be rejected is wasted.
+
+    With ``tree=True`` (and a draft backend that scores trees) the draft branches on the
+    drafter's top tokens: its own draw first, then the next most likely ones (in rejection mode,
+    siblings drawn i.i.d. from q, as SpecInfer's verification requires). The tree grows a depth
+    at a time, one batched draft forward per depth over the tree so far, keeping the nodes whose
+    estimated path probability is highest.
     """
 
     name = "model"
 
     def __init__(self, backend: Backend, table: AcceptanceTable | None = None,
-                 release: Callable[[Backend], None] | None = None) -> None:
+                 release: Callable[[Backend], None] | None = None, tree: bool = False) -> None:
         self.backend = backend
-        self.table = table or AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f)
+        self.table = table or model_table()
         self.cached: list[int] = []  # the tokens whose keys/values are in backend's cache
+        self.tree = tree and backend.supports_tree
         self._release = release
+        self._siblings: torch.Generator | None = None
+        # [V] bool: the only tokens it may draft (a vocabulary bridge's intersection), or None.
+        self.allowed: torch.Tensor | None = None
 
-    def begin(self, prompt: Sequence[int], sampler) -> None:
+    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         super().begin(prompt, sampler)
         self.backend.reset()
         self.cached = []
+        self._siblings = torch.Generator().manual_seed(sampler.seed % 2**63)
 
-    def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
+    def _budget(self, tokens: Sequence[int], k: int) -> int:
         limit = getattr(self.backend, "max_length", None)
-        if limit is not None:
-            k = min(k, limit - len(tokens))  # the draft model's own context ends here
-        if k <= 0:
-            return Draft([])
-        tokens = list(tokens)
+        return k if limit is None else min(k, limit - len(tokens))  # the draft model's own context ends there
+
+    def _sync(self, tokens: list[int]) -> torch.Tensor:
+        """Bring the cache to ``tokens`` (reusing the common prefix); the logits after them."""
         keep = _common_prefix(self.cached, tokens, limit=len(tokens) - 1)
         self.backend.truncate(keep)
         logits = self.backend.extend(tokens[keep:], last_only=True)[-1]
-        self.cached = list(tokens)  # a copy: drafted tokens are appended to it below
-        sampler, want_q = self.sampler, not self.sampler.greedy and not self.sampler.coupled
-        out: list[int] = []
-        qs: list[torch.Tensor] = []
-        probs: list[float] = []
-        confidence: list[float] = []
-        features: list[tuple[int]] = []
+        self.cached = list(tokens)
+        return logits
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        q = torch.softmax(logits.float(), -1) if self.sampler.greedy else self.sampler.probs(logits)
+        if self.allowed is not None:
+            q = q * self.allowed[:q.shape[-1]]
+            total = q.sum()
+            q = q / total if total > 0 else self.allowed[:q.shape[-1]] / self.allowed.sum()
+        return q
+
+    def _new_draft(self) -> DraftTokens:
+        return DraftTokens(want_q=not self.sampler.greedy and not self.sampler.coupled)
+
+    def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
+        k = self._budget(tokens, k)
+        if k <= 0:
+            return Draft([])
+        tokens = list(tokens)
+        logits = self._sync(tokens)
+        if self.tree:
+            return self._propose_tree(tokens, k, logits)
+        out = self._new_draft()
         forwards = 1
         for i in range(k):
-            q = torch.softmax(logits.float(), -1) if sampler.greedy else sampler.probs(logits)
-            tok = sampler.draft_token(q, len(tokens) + i)
-            if want_q:
-                qs.append(q)
-            prob = float(q[tok])
-            feats = (min(int(prob * 10), 9),)  # decile of the drafter's own probability
-            out.append(tok)
-            probs.append(prob)
-            features.append(feats)
-            confidence.append(self.table.estimate(feats))
-            if i + 1 == k or (stop is not None and stop(confidence)):
+            q = self._q(logits)
+            tok = self.sampler.draft_token(q, len(tokens) + i)
+            out.add(tok, q, (decile(q[tok]),), self.table)
+            if i + 1 == k or (stop is not None and stop(out.confidence)):
                 break
             logits = self.backend.extend([tok], last_only=True)[-1]
             self.cached.append(tok)
             forwards += 1
-        return Draft(out, torch.stack(qs) if qs else None, forwards, confidence, features, probs)
+        return out.draft(forwards)
+
+    def _propose_tree(self, tokens: list[int], k: int, logits: torch.Tensor) -> Draft:
+        out = self._new_draft()
+        parents: list[int] = []
+        reach: list[float] = []  # estimated probability that verification reaches each node
+        depth_of: list[int] = []
+        frontier = [(-1, logits)]  # (node, the drafter's logits after it)
+        forwards = 1
+        while frontier and len(out.tokens) < k:
+            candidates = []
+            for node, row in frontier:
+                q = self._q(row)
+                depth = 0 if node < 0 else depth_of[node] + 1
+                base = 1.0 if node < 0 else reach[node]
+                top = decile(q.max())
+                for rank, tok in enumerate(self._children(q, len(tokens) + depth)):
+                    # Siblings drawn at random must be kept, ordered and sized by what does not depend
+                    # on which tokens came out (SpecInfer's rule assumes i.i.d. children): there, a
+                    # node is scored by its rank and the distribution it came from, not its token.
+                    feats = (top if out.want_q else decile(q[tok]), min(rank, 1))
+                    candidates.append((base * self.table.estimate(feats), node, tok, q, feats, depth))
+            candidates.sort(key=lambda c: -c[0])
+            added = []
+            for path_prob, node, tok, q, feats, depth in candidates:
+                if len(out.tokens) == k or path_prob < MIN_PATH:
+                    break
+                out.add(tok, q, feats, self.table)
+                parents.append(node)
+                reach.append(path_prob)
+                depth_of.append(depth)
+                added.append(len(out.tokens) - 1)
+            if not added or len(out.tokens) == k:
+                break
+            # One forward over the whole tree so far: each node sees the context and its ancestors.
+            rows = self.backend.extend(out.tokens, tree=parents)
+            self.backend.truncate(len(tokens))
+            forwards += 1
+            frontier = [(i, rows[i]) for i in added]
+        if not out.tokens:
+            return Draft([])
+        # Best first (a node is never likelier than its parent, so parents stay first): any prefix
+        # of the nodes is then the best tree of its size for the policy to cut.
+        order = sorted(range(len(parents)), key=lambda i: (-reach[i], depth_of[i], i))
+        return out.draft(forwards, parents).subset(order)
+
+    def _children(self, q: torch.Tensor, position: int) -> list[int]:
+        """The drafter's own draw, then its next most likely tokens (rejection mode: i.i.d. draws)."""
+        first = self.sampler.draft_token(q, position)
+        if self.sampler.greedy or self.sampler.coupled:
+            top = torch.topk(q, min(WIDTH + 1, q.shape[-1]))
+            others = [t for t, v in zip(top.indices.tolist(), top.values.tolist()) if t != first and v > 0]
+            return [first] + others[:WIDTH - 1]
+        more = torch.multinomial(q, WIDTH - 1, replacement=True, generator=self._siblings).tolist()
+        return [first] + more
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if draft.features:
@@ -91,6 +201,10 @@ class ModelDrafter(Drafter):
             self._release = None
 
 
+def decile(prob) -> int:
+    return min(int(float(prob) * 10), 9)
+
+
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     n = 0
     stop = min(len(a), len(b), limit)
@@ -99,15 +213,36 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
-@drafter("model", "a smaller model with the same tokenizer (--draft-model)", needs_draft_model=True,
-         same_vocabulary=True, order=20)
-def _build_model(request: DraftRequest) -> ModelDrafter:
+def draft_backend(request: DraftRequest) -> tuple[Backend, AcceptanceTable, Callable[[Backend], None]]:
+    """A backend on the draft model, the acceptance table learned for this pair, and how to give
+    the backend back."""
     target, draft = request.target, request.draft_model
     if draft is None:
-        raise SpecdecError("the model drafter needs a draft model (--draft-model)")
-    if not target.codec.same_vocabulary(draft.codec):
-        raise SpecdecError(different_vocabularies(draft.name, target.name))
-    table = draft.shared(f"model-acceptance-for-{target.name}",
-                         lambda: AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f))
-    backend = draft.pool.take()
-    return ModelDrafter(backend, table, release=draft.pool.give)
+        raise SpecdecError("this drafter needs a draft model (--draft-model)")
+    table = draft.shared(f"model-acceptance-for-{target.name}", model_table)
+    return draft.pool.take(), table, draft.pool.give
+
+
+def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
+    """``inner`` itself when draft and target share a vocabulary; otherwise wrapped to propose
+    target tokens through a vocabulary bridge (:mod:`specdec.drafters.cross`)."""
+    target, draft = request.target, request.draft_model
+    if target.codec.same_vocabulary(draft.codec):
+        return inner
+    from specdec.drafters.cross import CrossVocabDrafter
+
+    try:
+        bridge = target.shared(f"vocab-bridge-{draft.name}", lambda: VocabBridge(
+            target.codec, draft.codec, target.logit_width, draft.logit_width))
+        return CrossVocabDrafter(inner, bridge, target.eos_token_ids, draft.eos_token_ids)
+    except BaseException:
+        inner.close()
+        raise
+
+
+@drafter("model", "a smaller model (--draft-model; another tokenizer is bridged through text); with --tree "
+                  "it branches on the drafter's top tokens", needs_draft_model=True, order=20)
+def _build_model(request: DraftRequest) -> Drafter:
+    backend, table, release = draft_backend(request)
+    same = request.target.codec.same_vocabulary(request.draft_model.codec)
+    return bridged(request, ModelDrafter(backend, table, release=release, tree=request.tree and same))

@@ -57,18 +57,26 @@ class NgramDrafter(Drafter):
         self._sync(tokens)
         if self.tree:
             return self._propose_tree(k)
-        draft: list[int] = []
-        confidence: list[float] = []
+        draft, features = self._chain([], k)
+        return Draft(draft, confidence=[self.table.estimate(f) for f in features], features=features)
+
+    def guess(self, tokens: Sequence[int], after: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens to follow ``tokens`` + ``after``, from the index of ``tokens`` alone
+        (a draft that changes every call is not indexed, so the index is never rebuilt)."""
+        self._sync(tokens)
+        return self._chain(list(after), k)[0][len(after):]
+
+    def _chain(self, draft: list[int], k: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Extend ``draft`` by up to ``k`` most frequent continuations; the new tokens' features."""
         features: list[tuple[int, int, int]] = []
         for _ in range(k):
             found = self._continuations(draft)
             if not found:
                 break
             token, feats = found[0]
-            draft.append(token)
+            draft = draft + [token]
             features.append(feats)
-            confidence.append(self.table.estimate(feats))
-        return Draft(draft, confidence=confidence, features=features)
+        return draft, features
 
     def _propose_tree(self, k: int) -> Draft:
         """Grow a tree best-first by path probability: pop the likeliest candidate, add its children."""
