@@ -46,7 +46,10 @@ def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, q
         assert r["overall"]["speedup"] > 0
     assert results["methods"]["plain"]["overall"]["speedup"] == 1.0
     assert results["methods"]["plain"]["overall"]["mean_accepted_length"] == 1.0
-    assert results["methods"]["hf-lookup"]["overall"]["mean_accepted_length"] is None
+    # the peers' target forwards are counted too (a forward hook), so their accepted length shows
+    assert results["methods"]["hf-plain"]["overall"]["mean_accepted_length"] == 1.0
+    assert results["methods"]["hf-lookup"]["overall"]["mean_accepted_length"] >= 1.0
+    assert results["methods"]["hf-lookup"]["overall"]["acceptance_rate"] is None
     # The same tiny fp32 model through transformers' own generate gives our plain tokens.
     lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
     ours = {r["question_id"]: r["token_ids"] for r in lines if r["method"] == "plain"}
@@ -199,3 +202,33 @@ def test_repeats_run_every_method_r_times_and_keep_the_fastest():
     assert plain.calls == spec.calls == 1 + 2 * 3  # one warm-up, then R per question
     assert [r.wall_s for r in bench.runs["plain"]] == [1.0, 4.0]
     assert [r.wall_s for r in bench.runs["ngram"]] == [0.5, 1.0]
+
+
+def test_a_crashing_peer_is_dropped_and_reported_while_ours_must_not_crash():
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import run_bench
+
+    class Flaky(Method):
+        def __init__(self, name, family, fail_at):
+            self.name, self.family, self.fail_at, self.calls = name, family, fail_at, 0
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("size of tensor a (515) must match b (517)")
+            return RunResult([1, 2], 1.0)
+
+    class FakeModel:
+        has_chat_template = False
+
+        def encode(self, text, chat=False):
+            return [1, 2, 3]
+
+    qs = [Question(1, "a", "x"), Question(2, "b", "y"), Question(3, "c", "z")]
+    plain, peer = Flaky("hf-plain", "hf", 0), Flaky("hf-assisted:x", "hf", 3)
+    bench = run_bench(FakeModel(), [plain, peer], qs, 8, greedy=True)
+    assert [m.name for m in bench.methods] == ["hf-plain"] and len(bench.runs["hf-plain"]) == 3
+    assert "hf-assisted:x" not in bench.runs and "515" in bench.failed["hf-assisted:x"]
+    with pytest.raises(RuntimeError):
+        run_bench(FakeModel(), [Flaky("plain", "ours", 2)], qs, 8, greedy=True)

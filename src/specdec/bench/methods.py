@@ -122,11 +122,18 @@ class HFMethod(Method):
                 torch.manual_seed(seed)
             kwargs.update(do_sample=True, temperature=self.sampling.temperature,
                           top_k=self.sampling.top_k or None, top_p=self.sampling.top_p)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = self.hf_model.generate(ids, **kwargs)
-        wall = time.perf_counter() - t0
-        return RunResult(out[0, len(prompt_ids):].tolist(), wall)
+        calls = [0]
+        # Counting the target's forwards gives the peers' mean accepted length too (their first
+        # forward takes the prompt with the first token's work, so every forward counts).
+        hook = self.hf_model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = self.hf_model.generate(ids, **kwargs)
+            wall = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        return RunResult(out[0, len(prompt_ids):].tolist(), wall, target_forwards=calls[0])
 
 
 @dataclass

@@ -20,6 +20,7 @@ class BenchRun:
     methods: list[Method]
     greedy: bool
     runs: dict[str, list[RunResult]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # peer method -> the error that stopped it
 
 
 def run_bench(model: Model, methods: list[Method], questions: list[Question], max_new_tokens: int,
@@ -35,17 +36,34 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     chat = model.has_chat_template
     prompts = [model.encode(q.prompt, chat=chat) for q in questions]
     bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods})
-    for method in methods:
-        method.run(prompts[0], min(4, max_new_tokens), seed)
+    def attempt(method: Method, ids: list[int], n: int, seed_i: int | None) -> RunResult | None:
+        # A peer that crashes (a library bug on some input) is reported, not allowed to end the
+        # run; ours must never crash, so their errors propagate.
+        try:
+            return method.run(ids, n, seed_i)
+        except Exception as exc:
+            if method.family == "ours":
+                raise
+            bench.failed[method.name] = f"{type(exc).__name__}: {exc}"[:300]
+            bench.methods.remove(method)
+            bench.runs.pop(method.name, None)
+            return None
+
+    bench.methods = list(methods)
+    for method in list(bench.methods):
+        attempt(method, prompts[0], min(4, max_new_tokens), seed)
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
         for r in range(repeats):
-            shift = (i + r) % len(methods)
-            for method in methods[shift:] + methods[:shift]:
-                result = method.run(ids, max_new_tokens, None if seed is None else seed + i)
-                if method.name not in fastest or result.wall_s < fastest[method.name].wall_s:
+            current = list(bench.methods)
+            shift = (i + r) % len(current)
+            for method in current[shift:] + current[:shift]:
+                if method not in bench.methods:
+                    continue
+                result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i)
+                if result is not None and (method.name not in fastest or result.wall_s < fastest[method.name].wall_s):
                     fastest[method.name] = result
-        for method in methods:
+        for method in bench.methods:
             bench.runs[method.name].append(fastest[method.name])
         if on_result:
             on_result(bench, i)
@@ -93,6 +111,9 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
                 stats["first_difference"] = {"question_id": q.question_id, "category": q.category,
                                              "position": _first_mismatch(runs[diff].token_ids, base[diff].token_ids)}
     if rs and rs[0].target_forwards is not None:
+        forwards = sum(r.target_forwards for r in rs)
+        stats["mean_accepted_length"] = round(new / forwards, 3) if forwards else None
+    if rs and rs[0].drafted is not None:
         forwards = sum(r.target_forwards for r in rs)
         drafted = sum(r.drafted for r in rs)
         judged = sum(r.accepted + r.rejections for r in rs)

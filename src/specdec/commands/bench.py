@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
                      "repeats": args.repeats, "cpu": machine_tag(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
+        if bench.failed:
+            results["failed"] = bench.failed  # peer methods that crashed: name -> error
         _write_outputs(out, bench)
         plots.plot_speedups(results, out / "speedup_by_category.png")
         plots.plot_tokens_per_s(results, out / "tokens_per_s.png")
@@ -128,6 +130,8 @@ def _run(model, methods, questions, args, console: Console):
                           args.repeats)
     summary = summarize(bench, model)
     console.print(results_table(summary))
+    for name, error in bench.failed.items():
+        console.print(f"[yellow]{name} failed and was dropped:[/yellow] {error}")
     return bench, summary
 
 

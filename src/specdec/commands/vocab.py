@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     cmd.add_argument("--draft-model", required=True, help="the drafter's model")
     cmd.add_argument("--questions", help="Spec-Bench jsonl whose prompts serve as sample text")
     cmd.add_argument("--limit", type=int, default=50, help="sample prompts to use from --questions (default 50)")
+    cmd.add_argument("--mass", action="store_true",
+                     help="also load the target and measure the share of its probability (temperature 1) that "
+                          "falls on shared tokens over the sample text: it bounds acceptance with --verify rejection")
     cmd.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -41,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     texts = SAMPLES + (_questions(args.questions, args.limit) if args.questions else [])
     quiet_libraries()
     report = vocab_report(target, draft, texts)
+    if args.mass:
+        report["target_mass_shared"] = shared_mass(args.model, draft, texts)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -55,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
                        ("draft_share", "share of the draft vocabulary"),
                        ("same_vocabulary", "same vocabulary"),
                        ("round_trip", f"round trips exactly ({report['samples']} texts)"),
-                       ("target_tokens_per_draft_token", "target tokens per draft token")):
-        table.add_row(label, str(report[key]))
+                       ("target_tokens_per_draft_token", "target tokens per draft token"),
+                       ("target_mass_shared", "target probability on shared tokens")):
+        if key in report:
+            table.add_row(label, str(report[key]))
     Console().print(table)
     return 0
 
@@ -88,6 +95,29 @@ def vocab_report(target, draft, texts: list[str]) -> dict:
             "target_tokens_per_draft_token": round(target_tokens / draft_tokens, 4) if draft_tokens else None}
 
 
+def shared_mass(target: str, draft, texts: list[str]) -> float:
+    """Mean share of the target's next-token probability on tokens the draft vocabulary shares."""
+    import torch
+
+    from specdec.api import load
+    from specdec.vocab import VocabBridge
+
+    from transformers import AutoTokenizer
+
+    from specdec.text import TextCodec
+
+    model = load(target)
+    other = TextCodec(AutoTokenizer.from_pretrained(draft.hf_dir), draft.name)
+    bridge = VocabBridge(model.codec, other, model.logit_width, _logit_width(draft.hf_dir, other.tokenizer))
+    masses = []
+    with model.pool.lease() as backend:
+        for text in texts:
+            backend.reset()
+            logits = backend.extend(model.encode(text))
+            masses.append(bridge.target_mass(torch.softmax(logits.float(), -1)))
+    return round(float(torch.cat(masses).mean()), 4)
+
+
 def _logit_width(hf_dir, tokenizer) -> int:
     try:
         config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
@@ -100,4 +130,4 @@ def _logit_width(hf_dir, tokenizer) -> int:
 def _questions(path: str, limit: int) -> list[str]:
     from specdec.bench.questions import load_questions
 
-    return [q.turns[0] for q in load_questions(path)[:limit]]
+    return [q.prompt for q in load_questions(path)[:limit]]
