@@ -90,6 +90,23 @@ def chi_square_pvalue(counts: dict, dist: dict) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
+def sequence_distribution(lm: ToyLM, prompt: list[int], length: int, params) -> dict[tuple[int, ...], float]:
+    """The exact probability of every continuation of ``length`` tokens that ``lm`` samples after
+    ``prompt`` (``params``: a :class:`~specdec.sampling.SamplingParams`), for chi-square tests."""
+    import itertools
+
+    from specdec.sampling import logits_to_probs
+
+    dist = {}
+    for seq in itertools.product(range(lm.vocab_size), repeat=length):
+        ctx, prob = list(prompt), 1.0
+        for tok in seq:
+            prob *= float(logits_to_probs(lm.logits(ctx), params)[tok])
+            ctx.append(tok)
+        dist[seq] = prob
+    return dist
+
+
 def plain_tokens(lm: ToyLM, prompt: list[int], config: DecodeConfig) -> list[int]:
     return decode(lm.backend(), prompt, config).token_ids
 

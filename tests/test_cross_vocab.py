@@ -4,7 +4,6 @@ and the errors when two vocabularies cannot be bridged."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 
@@ -14,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from conftest import chi_square_pvalue
+from conftest import chi_square_pvalue, sequence_distribution
 from specdec.backends.toy import ToyLM
 from specdec.drafters.base import Drafter
 from specdec.drafters.cross import CrossVocabDrafter
@@ -22,7 +21,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.errors import SpecdecError
 from specdec.policies.fixed import FixedK
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import SamplingParams
 from specdec.text import TextCodec
 from specdec.types import Draft
 from specdec.vocab import VocabBridge, token_texts
@@ -186,14 +185,7 @@ def _intersection_counts(bridge) -> tuple[Counter, int]:
 
 
 def _exact() -> dict:
-    exact = {}
-    for seq in itertools.product(range(4), repeat=3):
-        ctx, prob = [1], 1.0
-        for tok in seq:
-            prob *= float(logits_to_probs(TARGET.logits(ctx), SamplingParams(1.0))[tok])
-            ctx.append(tok)
-        exact[seq] = prob
-    return exact
+    return sequence_distribution(TARGET, [1], 3, SamplingParams(1.0))
 
 
 def test_the_intersection_sampler_keeps_the_targets_distribution():

@@ -9,7 +9,6 @@ has the power to fail.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import pytest
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import specdec.engine
-from conftest import ScriptDrafter, chi_square_pvalue
+from conftest import ScriptDrafter, chi_square_pvalue, sequence_distribution
 from specdec.backends.toy import ToyLM
 from specdec.costs import CostModel
 from specdec.drafters.model import ModelDrafter
@@ -38,14 +37,7 @@ DRAFT = ToyLM(V, 1, seed=99, scale=1.5)  # deliberately different: acceptance we
 
 
 def exact_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
-    dist = {}
-    for seq in itertools.product(range(V), repeat=LENGTH):
-        ctx, prob = list(PROMPT), 1.0
-        for tok in seq:
-            prob *= float(logits_to_probs(TARGET.logits(ctx), params)[tok])
-            ctx.append(tok)
-        dist[seq] = prob
-    return dist
+    return sequence_distribution(TARGET, PROMPT, LENGTH, params)
 
 
 def sample_counts(params: SamplingParams, drafter_factory, k: int, mode: str = "coupled") -> tuple[Counter, float]:

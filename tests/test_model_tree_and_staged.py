@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import chi_square_pvalue
+from conftest import chi_square_pvalue, sequence_distribution
 from specdec.backends.toy import ToyLM
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.staged import StagedDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.policies.fixed import FixedK
-from specdec.sampling import Sampler, SamplingParams, logits_to_probs
+from specdec.sampling import Sampler, SamplingParams
 
 
 @settings(max_examples=80, deadline=None)
@@ -94,14 +94,7 @@ PROMPT, LENGTH, SAMPLES = [1], 3, 3000
 
 
 def _exact(params):
-    dist = {}
-    for seq in __import__("itertools").product(range(4), repeat=LENGTH):
-        ctx, prob = list(PROMPT), 1.0
-        for tok in seq:
-            prob *= float(logits_to_probs(TARGET.logits(ctx), params)[tok])
-            ctx.append(tok)
-        dist[seq] = prob
-    return dist
+    return sequence_distribution(TARGET, PROMPT, LENGTH, params)
 
 
 @pytest.mark.parametrize("verify", ["rejection", "coupled"])

@@ -3,7 +3,6 @@ exactness of tree speculation against plain decoding (greedy, and seeded samplin
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec.engine
-from conftest import chi_square_pvalue
+from conftest import chi_square_pvalue, sequence_distribution
 from specdec import tree as trees
 from specdec.backends.toy import ToyLM
 from specdec.drafters.base import Drafter
@@ -220,14 +219,7 @@ DRAFT = ToyLM(V, 1, seed=99, scale=1.5)
 
 
 def _exact(params):
-    dist = {}
-    for seq in itertools.product(range(V), repeat=LENGTH):
-        ctx, prob = list(PROMPT), 1.0
-        for tok in seq:
-            prob *= float(logits_to_probs(TARGET.logits(ctx), params)[tok])
-            ctx.append(tok)
-        dist[seq] = prob
-    return dist
+    return sequence_distribution(TARGET, PROMPT, LENGTH, params)
 
 
 def _tree_counts(mode):
