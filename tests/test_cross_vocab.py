@@ -208,11 +208,17 @@ def test_the_intersection_test_catches_a_broken_bridge():
 
 
 # -- the report and bad input ------------------------------------------------------------------------
-def test_vocab_command_reports_the_bridge(capsys, tiny_model_dir, tiny_other_vocab_dir):
+def test_vocab_command_reports_the_bridge(capsys, tmp_path, tiny_model_dir, tiny_other_vocab_dir):
     from specdec.cli import main
 
-    assert main(["vocab", "--model", str(tiny_model_dir), "--draft-model", str(tiny_other_vocab_dir), "--json"]) == 0
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps({"question_id": i, "category": "c", "turns": [t]})
+                                   for i, t in enumerate(TEXTS)))
+    assert main(["vocab", "--model", str(tiny_model_dir), "--draft-model", str(tiny_other_vocab_dir), "--json",
+                 "--questions", str(questions), "--mass"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 5 + len(TEXTS)
+    assert 0.0 < report["target_mass_shared"] <= 1.0
     assert report["target_vocab"] > 0 and report["draft_vocab"] > 0
     assert 0 < report["intersection"] <= min(report["target_vocab"], report["draft_vocab"])
     assert 0.0 <= report["round_trip"] <= 1.0 and report["same_vocabulary"] is False
