@@ -101,12 +101,15 @@ class VocabBridge:
         canonically): the drafter then waits a step.
         """
         tok = self.target.tokenizer
-        full = self.text(self.target, target_ids)
-        anchor = list(target_ids[-4:])
+        # Only the seam matters: decode a few tokens before it, not the whole context (this runs
+        # every step, and the context keeps growing).
+        span = list(target_ids[-(window + 4):])
+        full = self.text(self.target, span)
+        anchor = span[-4:]
         base = self.text(self.target, anchor)
-        for w in range(min(window, len(target_ids)), -1, -1):
-            tail = list(target_ids[len(target_ids) - w:])
-            head = self.text(self.target, target_ids[:len(target_ids) - w])
+        for w in range(min(window, len(span)), -1, -1):
+            tail = span[len(span) - w:]
+            head = self.text(self.target, span[:len(span) - w])
             if not full.startswith(head):
                 continue
             ids = list(tok(full[len(head):] + text, add_special_tokens=False)["input_ids"])
