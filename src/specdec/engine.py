@@ -202,19 +202,11 @@ def best_path(draft: Draft) -> list[int]:
     if draft.q is not None:
         # Children drawn at random: choosing among them by what they drew would bias the draft.
         # Follow the first child down instead (a plain draw from q at every depth).
-        return first_children(parents)
+        return trees.first_children(parents)
     survive = trees.path_probabilities(parents, draft.confidence or [1.0] * len(draft))
     best = max(trees.leaves(parents), key=lambda leaf: sum(survive[i] for i in trees.path_to(parents, leaf)),
                default=-1)
     return trees.path_to(parents, best)
-
-
-def first_children(parents: Sequence[int]) -> list[int]:
-    kids, path, node = trees.children(parents), [], -1
-    while kids[node]:
-        node = kids[node][0]
-        path.append(node)
-    return path
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:

@@ -117,3 +117,12 @@ def judged(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, bool]
     for node in [-1, *path]:
         out.extend((child, child in on_path) for child in kids[node])
     return out
+
+
+def first_children(parents: Sequence[int]) -> list[int]:
+    """The path that takes the first child at every node, from the root down to a leaf."""
+    kids, path, node = children(parents), [], -1
+    while kids[node]:
+        node = kids[node][0]
+        path.append(node)
+    return path
