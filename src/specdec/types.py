@@ -110,8 +110,8 @@ class StepTrace:
     draft_forwards: int = 0
     confidence: list[float] | None = None  # the drafter's acceptance estimate per drafted token
     draft_probs: list[float] | None = None  # q(x) per drafted token (None: deterministic drafter)
-    target_probs: list[float] | None = None  # p(x) per judged drafted token (recorded with trace=True)
-    accept_probs: list[float] | None = None  # min(1, p/q) per judged drafted token (trace=True)
+    target_probs: list[float] | None = None  # p(x) per drafted token, under its parent's row (trace=True)
+    accept_probs: list[float] | None = None  # min(1, p/q) per drafted token (trace=True)
     parents: list[int] | None = None  # the draft's tree (None: a chain)
     path: list[int] | None = None  # the accepted nodes of a tree, in order (None: a chain's prefix)
     extra: dict = field(default_factory=dict)  # drafter-specific details (e.g. which source drafted)
@@ -135,7 +135,7 @@ class StepTrace:
     def to_dict(self) -> dict:
         """JSON form (the trace file's ``steps``)."""
         out = {k: v for k, v in self.__dict__.items() if v is not None and k != "extra"}
-        out["draft_s"], out["verify_s"] = round(self.draft_s, 6), round(self.verify_s, 6)
+        # Times stay exact: a trace's stats are recomputed by summing them.
         for key in ("confidence", "draft_probs", "target_probs", "accept_probs"):
             if key in out:
                 out[key] = [round(x, 5) for x in out[key]]
