@@ -35,6 +35,12 @@ def add_parser(sub) -> None:
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding and report the speed-up (and whether the tokens match)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.add_argument("--live", action="store_true",
+                     help="watch the generation in the terminal (stderr): tokens coloured by fate (accepted, "
+                          "rejected, correction, bonus) and running counters")
+    gen.add_argument("--trace", metavar="FILE",
+                     help="save every step: FILE.html is a self-contained page to step through, FILE.json "
+                          "the data (render it again with specdec replay)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -45,6 +51,10 @@ def check_args(args: argparse.Namespace) -> None:
     check_positive(args.max_new_tokens, "--max-new-tokens")
     check_sampling(args)
     check_drafting(args)
+    if args.trace:
+        from specdec.trace import check_path
+
+        check_path(args.trace)
 
 
 def check_model_files(args: argparse.Namespace) -> None:
@@ -87,7 +97,17 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         model.generate(prompt_ids, **{**kwargs, "max_new_tokens": 2, "drafter": "none"})  # warm-up
         baseline = model.generate(prompt_ids, **{**kwargs, "drafter": "none"})
-    out = model.generate(prompt_ids, **kwargs)
+    out = watched(model, draft_model, prompt_ids, kwargs) if args.live else \
+        model.generate(prompt_ids, **kwargs, trace=bool(args.trace))
+    if args.trace:
+        from specdec.trace import document, save
+
+        settings = {k: kwargs[k] for k in ("drafter", "num_draft", "policy", "temperature", "top_k", "top_p",
+                                           "verify", "tree", "max_new_tokens")}
+        doc = document(out, model, settings=settings, draft_model=draft_model, plain_step_s=plain_step_s(model))
+        if baseline is not None:
+            doc["measured_speedup"] = speedup(out, baseline)
+        save(doc, args.trace)
     if args.json:
         result = out.to_dict()
         if baseline is not None:
@@ -97,9 +117,37 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from specdec.report import print_generation
 
-    write_text(out.text)
+    # The live view already showed the text on a terminal; a pipe or a file still gets exactly the text.
+    if not (args.live and sys.stdout.isatty()):
+        write_text(out.text)
     print_generation(out, baseline, drafter=args.drafter, greedy=args.temperature == 0)
+    if args.trace:
+        print(f"trace written to {args.trace}", file=sys.stderr)
     return 0
+
+
+def watched(model, draft_model, prompt_ids, kwargs):
+    """Generate while the live view draws each step (steps carry p and q, as for a trace)."""
+    from specdec.trace import Detokenizer, step_record
+    from specdec.views.terminal import LiveView, describe
+
+    run = model.start(prompt_ids, **kwargs, trace=True)
+    detok = Detokenizer(model.codec)
+    draft_codec = draft_model.codec if draft_model is not None else None
+    title = describe({"model": model.name, "backend": model.backend_name, "settings": kwargs,
+                      "draft_model": draft_model.name if draft_model is not None else None})
+    with LiveView(plain_step_s=plain_step_s(model), title=title) as view:
+        for step in run:
+            view.update(step_record(step, model.codec, detok.add(step.emitted), draft_codec))
+    return model.finish(run, run.result, kwargs.get("stop"))
+
+
+def plain_step_s(model) -> float | None:
+    """This machine's cost of a plain decoding step (for the views' speed-up estimate)."""
+    try:
+        return model.cost_model().forward(1)
+    except Exception:  # an estimate only: a view without it is still right
+        return None
 
 
 def write_text(text: str) -> None:
