@@ -4,7 +4,11 @@ PY      := $(VENV)/bin/python
 PROMPT  ?= Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.
 MODEL   ?= smollm2-135m
 
-.PHONY: setup demo test
+.PHONY: setup demo test browser
+
+# The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
+# downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
+APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
 setup: $(VENV)/.installed
 
@@ -18,5 +22,9 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/specdec generate "$(PROMPT)" --model $(MODEL) --chat --compare --max-new-tokens 96
 
-test: setup
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(APT) update -q && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q --no-install-recommends chromium chromium-driver; }
+
+test: setup browser
 	$(PY) -m pytest
