@@ -25,7 +25,7 @@ from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, DRAFTERS, POLICIES, DraftRequest, LoadRequest, PolicyRequest
 from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats
-from specdec.text import StopStrings, TextCodec
+from specdec.text import StopStrings, TextCodec, TextDeltas
 from specdec.types import StepTrace
 
 CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and "
@@ -252,20 +252,11 @@ class Model:
         generation and frees its backend.
         """
         run = self.start(prompt, **kwargs)
-        stops = StopStrings(kwargs.get("stop"), self.codec)
-        shown = 0
+        deltas = TextDeltas(self.codec, StopStrings(kwargs.get("stop"), self.codec))
         steps = iter(run)
         try:
             for step in steps:
-                ids = run.result.token_ids
-                if run.done:
-                    text = stops.visible(self.codec.final_text(ids))
-                    ready = len(text)
-                else:
-                    text = stops.visible(self.decode(ids))
-                    ready = stops.safe_length(text)
-                yield step, text[shown:ready]
-                shown = max(shown, ready)
+                yield step, deltas.update(run.result.token_ids, run.done)
         finally:
             steps.close()
 

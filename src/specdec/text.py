@@ -142,3 +142,26 @@ class StopStrings:
                     end -= n
                     break
         return end
+
+
+class TextDeltas:
+    """The text a growing generation may show, as deltas: held back while it could still turn into
+    a stop string or ends inside a character, released once the next step (or the end) decides it.
+    Streaming in the API and the server both read the text through this."""
+
+    def __init__(self, codec: TextCodec, stops: StopStrings) -> None:
+        self.codec = codec
+        self.stops = stops
+        self.shown = 0
+
+    def update(self, ids: Sequence[int], done: bool) -> str:
+        """The new text to show, given all new token ids so far and whether generation ended."""
+        if done:
+            text = self.stops.visible(self.codec.final_text(ids))
+            ready = len(text)
+        else:
+            text = self.stops.visible(self.codec.decode(ids))
+            ready = self.stops.safe_length(text)
+        delta = text[self.shown:ready]
+        self.shown = max(self.shown, ready)
+        return delta
