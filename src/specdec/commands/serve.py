@@ -1,0 +1,79 @@
+"""``specdec serve``: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.commands.common import add_drafting_options, add_model_options, check_drafting, check_positive, \
+    quiet_libraries
+from specdec.errors import SpecdecError
+
+NAME = "serve"
+ORDER = 5
+
+
+def add_parser(sub) -> None:
+    srv = sub.add_parser(NAME, help="serve the model over an OpenAI-compatible HTTP API",
+                         description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
+                                     "/health and /metrics (Prometheus). Requests may choose drafter, num_draft, "
+                                     "policy and tree in the body; these options are the defaults.")
+    add_model_options(srv)
+    add_drafting_options(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000, help="default: 8000")
+    srv.add_argument("--slots", type=int, default=4, metavar="N",
+                     help="generations in progress at once, each with its own KV cache; more wait in line (default: 4)")
+    srv.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                     help="new tokens for a request that gives no max_tokens (default: 256)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    check_drafting(args)
+    check_positive(args.slots, "--slots")
+    check_positive(args.max_tokens, "--max-tokens")
+    if not 0 <= args.port <= 65535:
+        raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
+    check_port(args.host, args.port)
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise SpecdecError(f"the server needs the serve extra: pip install 'specdec[serve]' ({exc.name} is missing)")
+
+
+def check_port(host: str, port: int) -> None:
+    """A taken port or an unknown host is refused before the model loads (seconds later)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    from specdec.commands.generate import check_draft_vocabulary
+    from specdec.models import resolve
+
+    resolved = resolve(args.model)
+    if args.draft_model:
+        check_draft_vocabulary(args.drafter, resolve(args.draft_model), resolved)
+    from specdec.api import load
+    from specdec.server.app import ServeConfig, Server, serve_forever
+
+    quiet_libraries()
+    model = load(args.model, dtype=args.dtype, backend=args.backend)
+    draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    config = ServeConfig(drafter=args.drafter, num_draft=args.num_draft, policy=args.policy, tree=args.tree,
+                         slots=args.slots, max_tokens=args.max_tokens)
+    server = Server(model, draft_model, config)
+    print(f"calibrating {model.name} on this machine ...", file=sys.stderr)
+    server.warm_up()
+    print(f"serving {model.name} at http://{args.host}:{args.port}/v1 (drafter {args.drafter}; Ctrl-C stops)",
+          file=sys.stderr)
+    serve_forever(server, args.host, args.port)
+    return 0

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible server on a tiny model, started on 127.0.0.1 in the test: the official
+``openai`` client (completions and chat, streamed and not), greedy text equal to ``generate``,
+seeds, metrics, clean OpenAI-style errors, a disconnecting client, a bounded load test and a fuzz
+test of malformed bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specdec
+from specdec.server.app import ServeConfig, Server
+from specdec.server.loadtest import run_load
+
+PROMPTS = ["the quick brown fox", "hello world hello world", "zebra", "the quick brown fox jumps over the lazy"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return specdec.load(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """(base url, server) of a running server; it stops when the module's tests are done."""
+    server = Server(tiny, config=ServeConfig(slots=4, max_tokens=24, max_body=64 * 1024))
+    server.warm_up()
+    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not uv.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", server
+    uv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_completion_equals_generate(client, tiny):
+    for prompt in PROMPTS:
+        expected = tiny.generate(prompt, max_new_tokens=12, drafter="none")
+        out = client.completions.create(model=tiny.name, prompt=prompt, max_tokens=12, temperature=0)
+        assert out.choices[0].text == expected.text
+        assert out.usage.completion_tokens == len(expected.token_ids)
+        assert out.usage.prompt_tokens == len(tiny.encode(prompt))
+        spec = out.model_extra["speculative"]
+        assert {"acceptance_rate", "mean_accepted_length", "draft_n", "draft_n_accepted"} <= set(spec)
+        assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streamed_completion_equals_the_whole_one(client, tiny):
+    prompt = PROMPTS[1]
+    whole = client.completions.create(model=tiny.name, prompt=prompt, max_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model=tiny.name, prompt=prompt, max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_chat_streamed_and_not_equal_generate_with_the_template(client, tiny):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "the quick brown"},
+                {"role": "assistant", "content": "fox"}, {"role": "user", "content": "hello world"}]
+    expected = tiny.generate(tiny.codec.encode_messages(messages), max_new_tokens=10, drafter="none")
+    out = client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=10, temperature=0)
+    assert out.choices[0].message.content == expected.text and out.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+
+
+def test_greedy_server_output_equals_the_cli(client, tiny, tiny_model_dir, capsys):
+    from specdec.cli import main
+
+    assert main(["generate", PROMPTS[0], "--model", str(tiny_model_dir), "--max-new-tokens", "12", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    out = client.completions.create(model=tiny.name, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    assert out.choices[0].text == cli["text"]
+
+
+def test_a_seed_gives_the_same_text_with_any_drafter(client, tiny):
+    texts = set()
+    for drafter in ("none", "ngram"):
+        for tree in (False, True):
+            out = client.completions.create(model=tiny.name, prompt=PROMPTS[3], max_tokens=20, temperature=0.9,
+                                            seed=1234, extra_body={"drafter": drafter, "num_draft": 3, "tree": tree})
+            texts.add(out.choices[0].text)
+            assert out.model_extra["speculative"]["seed"] == 1234
+    assert len(texts) == 1
+
+
+def test_models_health_and_metrics(served, client, tiny):
+    url = served[0]
+    assert [m.id for m in client.models.list()] == [tiny.name]
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    client.completions.create(model=tiny.name, prompt="hello world hello world hello world", max_tokens=12,
+                              temperature=0, extra_body={"drafter": "ngram", "policy": "fixed", "num_draft": 2})
+    metrics = httpx.get(url + "/metrics").text
+    for name in ("specdec:spec_decode_num_drafts_total", "specdec:spec_decode_num_draft_tokens_total",
+                 "specdec:spec_decode_num_accepted_tokens_total",
+                 'specdec:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+                 "specdec:e2e_request_latency_seconds_bucket", "specdec:generation_tokens_total",
+                 'specdec:requests_total{endpoint="/v1/completions",status="200"}'):
+        assert name in metrics, name
+    drafts = [line for line in metrics.splitlines() if line.startswith("specdec:spec_decode_num_draft_tokens_total")]
+    assert float(drafts[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[]", 400, ""),
+    (json.dumps({"prompt": "hi"}).encode(), 400, "missing field: model"),
+    (json.dumps({"model": "MODEL"}).encode(), 400, "missing field: prompt"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "max_tokens": "8"}).encode(), 400, "max_tokens"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "max_tokens": 0}).encode(), 400, "max_tokens must be >= 1"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "max_tokens": 10 ** 6}).encode(), 400, "context"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "n": 2}).encode(), 400, "n: only one"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "drafter": "magic"}).encode(), 400, "magic"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "num_draft": 0}).encode(), 400, "num_draft"),
+    (json.dumps({"model": "MODEL", "prompt": ""}).encode(), 400, "empty"),
+    (json.dumps({"model": "MODEL", "prompt": [10 ** 9]}).encode(), 400, "outside the vocabulary"),
+    (json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), 404, "not served here"),
+    (json.dumps({"model": "MODEL", "prompt": "x" * 70_000}).encode(), 413, "larger than"),
+])
+def test_bad_requests_get_openai_style_errors(served, tiny, body, status, words):
+    url = served[0]
+    body = body.replace(b"MODEL", tiny.name.encode())
+    for stream in (False, True):
+        if stream and body.startswith(b"{\""):
+            body = body[:-1] + b', "stream": true}'
+        response = httpx.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert words in error["message"] and error["type"]
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_unknown_routes_and_methods(served):
+    url = served[0]
+    assert httpx.get(url + "/v1/nothing").status_code == 404
+    assert httpx.get(url + "/v1/completions").status_code == 405
+    assert "error" in httpx.get(url + "/v1/nothing").json()
+
+
+def test_chat_errors(served, tiny):
+    url = served[0] + "/v1/chat/completions"
+    for body, words in (({"model": tiny.name, "messages": []}, "messages"),
+                        ({"model": tiny.name, "messages": [{"role": "robot", "content": "hi"}]}, "role"),
+                        ({"model": tiny.name, "messages": [{"role": "user", "content": 5}]}, "content")):
+        response = httpx.post(url, json=body)
+        assert response.status_code == 400 and words in response.json()["error"]["message"]
+
+
+def running(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("specdec:num_requests_running "):
+            return float(line.split()[-1])
+    raise AssertionError("no running gauge")
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(served, tiny):
+    url = served[0]
+    body = {"model": tiny.name, "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True,
+            "drafter": "none"}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", url + "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # the generation is under way
+    deadline = time.time() + 10
+    while running(url) > 0:
+        assert time.time() < deadline, "the abandoned generation kept its slot"
+        time.sleep(0.05)
+    out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": "hi", "max_tokens": 3}, timeout=30)
+    assert out.status_code == 200
+
+
+def test_bounded_load_test(served, tiny):
+    """16 concurrent clients, 160 requests: no failure, every answer the right one for its prompt."""
+    url = served[0]
+    expected = {p: tiny.generate(p, max_new_tokens=8, drafter="none").text for p in PROMPTS}
+    bodies = [{"model": tiny.name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 0,
+               "drafter": ["ngram", "none"][i % 2]} for i in range(160)]
+    report = asyncio.run(run_load(url, bodies, clients=16, time_limit=240))
+    print("load test:", report.summary())
+    assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
+    assert len(report.results) == 160
+    for body, result in zip(bodies, report.results):
+        assert result.text == expected[body["prompt"]]
+    assert report.percentile(0.5) <= report.percentile(0.95)
+    assert httpx.get(url + "/health").status_code == 200
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=False)
+                           | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+          "n", "drafter", "num_draft", "tree", "policy", "stream_options"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(
+    st.binary(max_size=64),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6).map(lambda d: json.dumps(d).encode()),
+), path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+def test_fuzzed_bodies_get_clean_4xx_and_the_server_stays_up(served, body, path):
+    url = served[0]
+    response = httpx.post(url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    if response.status_code != 200:  # a random body is rarely a valid request, but may be
+        assert 400 <= response.status_code < 500, response.text
+        assert response.json()["error"]["message"]
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
