@@ -229,3 +229,27 @@ def test_fuzzed_bodies_get_clean_4xx_and_the_server_stays_up(served, body, path)
         assert 400 <= response.status_code < 500, response.text
         assert response.json()["error"]["message"]
     assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slots", "0"], "--slots must be >= 1"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--drafter", "model"], "needs --draft-model"),
+])
+def test_serve_refuses_bad_options_before_loading(capsys, no_loading, argv, message):
+    from specdec.cli import main
+
+    assert main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err and not no_loading
+
+
+def test_serve_refuses_a_taken_port_before_loading(capsys, no_loading):
+    import socket
+
+    from specdec.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    assert "cannot listen on 127.0.0.1" in capsys.readouterr().err and not no_loading
