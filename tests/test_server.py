@@ -194,15 +194,15 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(served, tiny):
 
 
 def test_bounded_load_test(served, tiny):
-    """16 concurrent clients, 160 requests: no failure, every answer the right one for its prompt."""
+    """16 concurrent clients, 256 requests: no failure, every answer the right one for its prompt."""
     url = served[0]
     expected = {p: tiny.generate(p, max_new_tokens=8, drafter="none").text for p in PROMPTS}
     bodies = [{"model": tiny.name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 0,
-               "drafter": ["ngram", "none"][i % 2]} for i in range(160)]
+               "drafter": ["ngram", "none"][i % 2]} for i in range(256)]
     report = asyncio.run(run_load(url, bodies, clients=16, time_limit=240))
     print("load test:", report.summary())
     assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
-    assert len(report.results) == 160
+    assert len(report.results) == 256
     for body, result in zip(bodies, report.results):
         assert result.text == expected[body["prompt"]]
     assert report.percentile(0.5) <= report.percentile(0.95)
