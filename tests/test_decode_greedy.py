@@ -11,11 +11,13 @@ from specdec.backends.toy import ToyLM
 from specdec.engine import DecodeConfig, decode
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.recycle import RecycleDrafter
 from specdec.costs import CostModel
 from specdec.policies.adaptive import AdaptiveK
 from specdec.policies.fixed import FixedK
 
-DRAFTER_KINDS = ["ngram", "ngram1", "same-model", "noisy-model", "random-model", "oracle", "anti-oracle"]
+DRAFTER_KINDS = ["ngram", "ngram1", "recycle", "recycle-tree", "same-model", "noisy-model", "random-model", "oracle",
+                 "anti-oracle"]
 
 
 def make_drafter(kind: str, lm: ToyLM, reference: list[int], seed: int):
@@ -23,6 +25,8 @@ def make_drafter(kind: str, lm: ToyLM, reference: list[int], seed: int):
         return NgramDrafter()
     if kind == "ngram1":
         return NgramDrafter(max_ngram=1, min_ngram=1)
+    if kind.startswith("recycle"):
+        return RecycleDrafter(tree=kind == "recycle-tree")
     if kind == "same-model":
         return ModelDrafter(lm.backend())
     if kind == "noisy-model":

@@ -23,6 +23,7 @@ from specdec.backends.toy import ToyLM
 from specdec.costs import CostModel
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.recycle import RecycleDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.policies.adaptive import AdaptiveK
 from specdec.policies.fixed import FixedK
@@ -58,11 +59,13 @@ DRAFTERS = {
     "model": lambda: ModelDrafter(DRAFT.backend()),
     "ngram": lambda: NgramDrafter(max_ngram=2, min_ngram=1),
     "none": lambda: None,
+    "recycle-tree": lambda: RecycleDrafter(tree=True),
 }
 # The model drafter under both verifiers on every setting; plain and n-gram runs are, by the
 # property test below, token-identical to coupled runs, so one setting each suffices for them.
 CASES = [(p, d, m) for p in PARAMS for d, m in (("model", "coupled"), ("model", "rejection"))]
-CASES += [(PARAMS[0], "none", "coupled"), (PARAMS[2], "ngram", "coupled"), (PARAMS[1], "ngram", "rejection")]
+CASES += [(PARAMS[0], "none", "coupled"), (PARAMS[2], "ngram", "coupled"), (PARAMS[1], "ngram", "rejection"),
+          (PARAMS[0], "recycle-tree", "rejection")]
 
 
 @pytest.mark.parametrize("params, drafter, mode", CASES,
@@ -141,7 +144,8 @@ def test_rejection_mode_replays_its_own_configuration():
     assert len(runs) == 1
 
 
-DRAFTER_KINDS = ["ngram", "same-model", "noisy-model", "random-model", "oracle", "anti-oracle"]
+DRAFTER_KINDS = ["ngram", "recycle", "recycle-tree", "same-model", "noisy-model", "random-model", "oracle",
+                 "anti-oracle"]
 
 
 @settings(max_examples=120, deadline=None)
@@ -168,6 +172,8 @@ def test_coupled_speculative_sampling_reproduces_plain_sampling(vocab, order, lm
                        eos_token_ids=frozenset(e % vocab for e in eos))
     plain = decode(lm.backend(), prompt, cfg)
     drafter = {"ngram": lambda: NgramDrafter(),
+               "recycle": lambda: RecycleDrafter(),
+               "recycle-tree": lambda: RecycleDrafter(tree=True),
                "same-model": lambda: ModelDrafter(lm.backend()),
                "noisy-model": lambda: ModelDrafter(lm.perturbed(1.0, lm_seed).backend()),
                "random-model": lambda: ModelDrafter(ToyLM(vocab, order, seed=lm_seed + 1).backend()),

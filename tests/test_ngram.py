@@ -78,3 +78,43 @@ def test_index_follows_a_context_that_is_rolled_back():
     drafter = NgramDrafter()
     assert drafter.propose([1, 2, 3, 1, 2], 1).tokens == [3]
     assert drafter.propose([7, 8, 7], 1).tokens == [8]  # not an extension: re-indexed from scratch
+
+
+def test_recycled_drafts_are_the_target_s_own_next_tokens():
+    """On a first-order toy model the next token depends on the last one only, so after one pass
+    the recycled top token is exactly greedy's next token: nearly every draft is accepted."""
+    from specdec.backends.toy import ToyLM
+    from specdec.drafters.recycle import RecycleDrafter
+    from specdec.engine import DecodeConfig, decode
+    from specdec.policies.fixed import FixedK
+
+    lm = ToyLM(50, 1, seed=5, scale=3.0)
+    drafter = RecycleDrafter()
+    cfg = DecodeConfig(max_new_tokens=60)
+    plain = decode(lm.backend(), [1, 2, 3], cfg)
+    out = decode(lm.backend(), [1, 2, 3], cfg, drafter, FixedK(4))
+    assert out.token_ids == plain.token_ids
+    probs = lm.backend()
+    for token, row in list(drafter.next.items())[:10]:
+        probs.reset()
+        assert row[0] == int(probs.extend([token])[-1].argmax())
+    again = decode(lm.backend(), [1, 2, 3], cfg, drafter, FixedK(4))  # the table carries over
+    assert again.token_ids == plain.token_ids
+    assert again.stats.acceptance_rate > 0.9 and again.stats.mean_accepted_length > 3
+
+
+def test_recycle_drafts_where_the_index_has_nothing_and_learns_per_source():
+    from specdec.drafters.recycle import NGRAM, RECYCLED, RecycleDrafter
+    from specdec.types import Verdict
+
+    drafter = RecycleDrafter()
+    drafter.begin([1, 2, 3, 1, 2], None)
+    draft = drafter.propose([1, 2, 3, 1, 2], 3)  # nothing recycled yet: the index drafts 3, 1, 2
+    assert draft.tokens == [3, 1, 2] and [f[0] for f in draft.features] == [NGRAM] * 3
+    drafter.next.update({4: [7, 8], 7: [9]})
+    draft = drafter.propose([1, 2, 3, 4], 3)  # 4 was never followed by anything: recycled 7, then 9
+    assert draft.tokens == [7, 9] and draft.features == [(RECYCLED, (0, 0)), (RECYCLED, (0, 1))]
+    ngram_before = {k: list(v) for k, v in drafter.ngram.table.counts.items()}
+    drafter.observe(draft, Verdict([7, 5], 1, False))  # 7 accepted, 9 rejected
+    assert drafter.acceptance.counts == {(0, 0): [1.0, 1.0], (0, 1): [0.0, 1.0]}
+    assert drafter.ngram.table.counts == ngram_before

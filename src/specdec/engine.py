@@ -134,6 +134,8 @@ class DecodeRun:
             else:
                 self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
+            self.drafter.see([tokens[-1], *draft.tokens], logits)  # drafting work: timed as such
+            t3 = time.perf_counter()
 
             position = len(out)
             emitted: list[int] = []
@@ -148,7 +150,7 @@ class DecodeRun:
             self.policy.observe(len(draft), verdict.num_accepted, t2 - t1, base)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
-                             t1 - t0, t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,
+                             (t1 - t0) + (t3 - t2), t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,
                              confidence=draft.confidence, draft_probs=draft.probs,
                              target_probs=verdict.target_probs, accept_probs=verdict.accept_probs,
                              parents=draft.parents if draft.is_tree else None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
+import torch
+
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler, SamplingParams
 from specdec.types import Draft, Verdict
@@ -42,6 +44,11 @@ class Drafter(ABC):
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         """Feedback after verification: ``verdict.path`` holds the draft nodes that were kept."""
+
+    def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+        """The target's logits from the forward just done: row i is its next-token distribution
+        after ``fed[i]`` (the last context token, then the draft's nodes). Free information for
+        drafters that learn from it (token recycling); ignored by default."""
 
     def close(self) -> None:
         """The generation is over: give back what was borrowed (e.g. a draft model's KV cache)."""

@@ -17,19 +17,18 @@ best tree of that size and the policy can keep the size that pays.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
+from specdec.drafters.grow import best_first_tree
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 
 MAX_MATCH = 32  # how far back a match is measured; longer ones predict no better
 WIDTH = 3  # most children a tree node gets (the most frequent continuations)
-MIN_PATH = 0.02  # nodes less likely than this to be reached add nothing worth a verified row
 
 
 class NgramDrafter(Drafter):
@@ -54,7 +53,7 @@ class NgramDrafter(Drafter):
         self._seq, self._index = [], {}
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
-        self._sync(tokens)
+        self.sync(tokens)
         if self.tree:
             return self._propose_tree(k)
         draft, features = self._chain([], k)
@@ -63,14 +62,14 @@ class NgramDrafter(Drafter):
     def guess(self, tokens: Sequence[int], after: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens to follow ``tokens`` + ``after``, from the index of ``tokens`` alone
         (a draft that changes every call is not indexed, so the index is never rebuilt)."""
-        self._sync(tokens)
+        self.sync(tokens)
         return self._chain(list(after), k)[0][len(after):]
 
     def _chain(self, draft: list[int], k: int) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Extend ``draft`` by up to ``k`` most frequent continuations; the new tokens' features."""
         features: list[tuple[int, int, int]] = []
         for _ in range(k):
-            found = self._continuations(draft)
+            found = self.continuations(draft)
             if not found:
                 break
             token, feats = found[0]
@@ -79,46 +78,20 @@ class NgramDrafter(Drafter):
         return draft, features
 
     def _propose_tree(self, k: int) -> Draft:
-        """Grow a tree best-first by path probability: pop the likeliest candidate, add its children."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        confidence: list[float] = []
-        features: list[tuple[int, int, int]] = []
-        paths: list[list[int]] = []
-        heap: list[tuple[float, int, int, int, tuple, float]] = []  # (-path prob, order, parent, token, feats, conf)
-        order = 0
+        """Grow a tree best-first by path probability over the distinct continuations of each node."""
+        return best_first_tree(self.expand, k, WIDTH)
 
-        def expand(parent: int, path: list[int], reach: float) -> None:
-            nonlocal order
-            found = self._continuations(path, every_level=True)
-            found = sorted(found, key=lambda c: self.table.estimate(c[1]), reverse=True)[:WIDTH]
-            estimates = [self.table.estimate(f) for _, f in found]
-            # Siblings are disjoint events (the target picks one token): their estimates may not add up past 1.
-            scale = min(1.0, 1.0 / sum(estimates)) if estimates else 1.0
-            for (token, feats), est in zip(found, estimates):
-                conf = est * scale
-                if reach * conf >= MIN_PATH:
-                    heapq.heappush(heap, (-reach * conf, order, parent, token, feats, conf))
-                    order += 1
-
-        expand(-1, [], 1.0)
-        while heap and len(tokens) < k:
-            neg, _, parent, token, feats, conf = heapq.heappop(heap)
-            path = (paths[parent] if parent >= 0 else []) + [token]
-            tokens.append(token)
-            parents.append(parent)
-            confidence.append(conf)
-            features.append(feats)
-            paths.append(path)
-            expand(len(tokens) - 1, path, -neg)
-        return Draft(tokens, confidence=confidence, features=features, parents=parents or None)
+    def expand(self, path: list[int]) -> list[tuple[int, float, tuple[int, int, int]]]:
+        """Candidates to follow context + ``path``: every level's continuations, best estimate first."""
+        found = [(token, self.table.estimate(feats), feats) for token, feats in self.continuations(path, every_level=True)]
+        return sorted(found, key=lambda c: c[1], reverse=True)
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if draft.features:
             self.table.learn(draft, verdict)
 
     # -- index ------------------------------------------------------------------------------------
-    def _sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int]) -> None:
         """Index the tokens added since the last call (rebuild if the context is not an extension)."""
         seq = self._seq
         if len(tokens) < len(seq) or list(tokens[:len(seq)]) != seq:
@@ -130,7 +103,7 @@ class NgramDrafter(Drafter):
             for n in range(1, min(self.max_ngram, end) + 1):
                 self._index.setdefault(tuple(seq[end - n:]), []).append(end)
 
-    def _continuations(self, draft: list[int], every_level: bool = False) -> list[tuple[int, tuple[int, int, int]]]:
+    def continuations(self, draft: list[int], every_level: bool = False) -> list[tuple[int, tuple[int, int, int]]]:
         """The tokens that followed the longest earlier match of context + ``draft``, most frequent
         first (the latest on ties), each with its features (match, agreement, count).
 
@@ -190,6 +163,9 @@ def ngram_prior(feats: tuple[int, int, int]) -> float:
 @drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model); "
                   "with --tree it branches where earlier continuations disagree", order=10)
 def _build_ngram(request: DraftRequest) -> NgramDrafter:
-    # One acceptance table per target model: what it learns carries over to later generations.
-    table = request.target.shared("ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))
-    return NgramDrafter(table=table, tree=request.tree)
+    return NgramDrafter(table=shared_table(request.target), tree=request.tree)
+
+
+def shared_table(target) -> AcceptanceTable:
+    """The target model's n-gram acceptance table: what it learns carries over to later generations."""
+    return target.shared("ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))
