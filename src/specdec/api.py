@@ -16,6 +16,7 @@ from specdec.backends.base import Backend
 from specdec.costs import CostModel, calibrated
 from specdec.cpu import machine_tag
 from specdec.drafters.base import Drafter
+from specdec.drafters.memory import NgramMemory
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.errors import SpecdecError
 from specdec.models import DEFAULT_MODEL, Reporter, no_progress_bars, resolve
@@ -119,6 +120,7 @@ class Model:
         self._shared: dict[str, Any] = {}
         self._logit_width: int | None = None
         self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
+        self.memory: NgramMemory | None = None  # earlier outputs for the n-gram drafters (enable_memory)
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:
@@ -169,6 +171,13 @@ class Model:
             with self.pool.lease() as backend:
                 self._logit_width = backend.vocab_size
         return self._logit_width
+
+    def enable_memory(self, path: str | None = None, capacity: int = 200_000) -> NgramMemory:
+        """Let the n-gram drafters draft from this model's earlier outputs too (bounded to
+        ``capacity`` n-grams); with ``path``, start from a saved memory (save it with
+        ``model.memory.save(path)``)."""
+        self.memory = NgramMemory.load(path, capacity) if path else NgramMemory(capacity=capacity)
+        return self.memory
 
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
         """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""

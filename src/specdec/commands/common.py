@@ -61,6 +61,9 @@ def add_drafting_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", action="store_true",
                         help="let the draft branch (verified in one target forward with a tree attention mask); "
                              "--num-draft then bounds its number of nodes")
+    parser.add_argument("--memory", metavar="FILE",
+                        help="let the n-gram drafters also draft from earlier outputs kept in FILE (read if it exists, "
+                             "written back at the end; bounded)")
     parser.add_argument("--policy", default="adaptive", choices=POLICIES.names(),
                         help="; ".join(f"{e.name}: {e.help}" for e in POLICIES) + " (default: adaptive)")
     parser.add_argument("--verify", default="coupled", choices=VERIFY_MODES,
@@ -86,6 +89,12 @@ def check_drafting(args: argparse.Namespace) -> None:
     if args.draft_model and not entry.needs_draft_model:
         raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
                            f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
+    memory = getattr(args, "memory", None)
+    if memory is not None:
+        from pathlib import Path
+
+        if Path(memory).is_dir() or not Path(memory).parent.is_dir():
+            raise SpecdecError(f"--memory needs a file in an existing folder, got {memory!r}")
     if args.dtype not in BACKENDS.get(args.backend).dtypes:
         raise SpecdecError(f"--dtype {args.dtype} is not available on the {args.backend} backend")
 

@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     model = load(args.model, dtype=args.dtype, backend=args.backend)
     draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    if args.memory:
+        model.enable_memory(args.memory)
     kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,
                   num_draft=args.num_draft, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, verify=args.verify,
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         baseline = model.generate(prompt_ids, **{**kwargs, "drafter": "none"})
     out = watched(model, draft_model, prompt_ids, kwargs) if args.live else \
         model.generate(prompt_ids, **kwargs, trace=bool(args.trace))
+    if args.memory:
+        model.memory.save(args.memory)
     if args.trace:
         from specdec.trace import document, save
 

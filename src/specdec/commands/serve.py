@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     model = load(args.model, dtype=args.dtype, backend=args.backend)
     draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    if args.memory:
+        model.enable_memory(args.memory)
     config = ServeConfig(drafter=args.drafter, num_draft=args.num_draft, policy=args.policy, tree=args.tree,
                          slots=args.slots, max_tokens=args.max_tokens)
     server = Server(model, draft_model, config)
@@ -75,5 +77,10 @@ def run(args: argparse.Namespace) -> int:
     server.warm_up()
     print(f"serving {model.name} at http://{args.host}:{args.port}/v1 (drafter {args.drafter}; Ctrl-C stops)",
           file=sys.stderr)
-    serve_forever(server, args.host, args.port)
+    try:
+        serve_forever(server, args.host, args.port)
+    finally:
+        if args.memory:
+            model.memory.save(args.memory)
+            print(f"memory saved to {args.memory} ({len(model.memory)} n-grams)", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_first_tree
+from specdec.drafters.memory import NgramMemory
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
@@ -37,13 +38,15 @@ class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, table: AcceptanceTable | None = None,
-                 tree: bool = False) -> None:
+                 tree: bool = False, memory: NgramMemory | None = None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise SpecdecError(f"n-gram sizes need 1 <= min ({min_ngram}) <= max ({max_ngram})")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.tree = tree
         self.table = table or AcceptanceTable(ngram_prior, ngram_bucket)
+        self.memory = memory  # earlier generations' continuations, consulted where this context has none
+        self._prompt_len = 0
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
         self._index: dict[tuple[int, ...], list[int]] = {}
@@ -51,6 +54,12 @@ class NgramDrafter(Drafter):
     def begin(self, prompt, sampler) -> None:
         super().begin(prompt, sampler)
         self._seq, self._index = [], {}
+        self._prompt_len = len(prompt)
+
+    def close(self) -> None:
+        if self.memory is not None and len(self._seq) > self._prompt_len:
+            # The output, with the prompt's last n-gram so that its first tokens have a context.
+            self.memory.add(self._seq[max(0, self._prompt_len - self.max_ngram):])
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         self.sync(tokens)
@@ -131,7 +140,19 @@ class NgramDrafter(Drafter):
                     out.append((token, (match, counts[token] * 100 // len(ends), counts[token])))
             if not every_level:
                 break
+        if self.memory is not None and (every_level or not out):
+            out += self._remembered(tail, seen)
         return out
+
+    def _remembered(self, tail: list[int], seen: set[int]) -> list[tuple[int, tuple[int, int, int, int]]]:
+        """Continuations of ``tail`` in earlier generations (features flagged as remembered)."""
+        found = self.memory.lookup(tail)
+        if found is None:
+            return []
+        n, counts = found
+        total = sum(counts.values())
+        return [(token, (n, counts[token] * 100 // total, counts[token], 1))
+                for token in sorted(counts, key=counts.get, reverse=True) if token not in seen]
 
     def _match_length(self, end: int, draft: list[int]) -> int:
         """How many tokens before ``end`` equal the tokens before the current draft position."""
@@ -145,25 +166,29 @@ class NgramDrafter(Drafter):
         return n
 
 
-def ngram_bucket(feats: tuple[int, int, int]) -> tuple[int, int, int]:
-    match, agreement, count = feats
+def ngram_bucket(feats: tuple[int, ...]) -> tuple[int, int, int, int]:
+    match, agreement, count = feats[:3]
+    remembered = feats[3] if len(feats) > 3 else 0
     return (min(match, 4) if match < 5 else (5 if match < 8 else (6 if match < 16 else 7)),
-            2 if agreement == 100 else (1 if agreement >= 50 else 0), min(count, 3))
+            2 if agreement == 100 else (1 if agreement >= 50 else 0), min(count, 3), remembered)
 
 
-def ngram_prior(feats: tuple[int, int, int]) -> float:
+def ngram_prior(feats: tuple[int, ...]) -> float:
     """Prior P(accept): a logistic fit on 122k draft tokens of greedy Spec-Bench outputs (80 prompts x
-    128 tokens, SmolLM2-135M-Instruct and Gemma-3-270M), refined online per bucket."""
-    match, agreement, count = feats
+    128 tokens, SmolLM2-135M-Instruct and Gemma-3-270M), refined online per bucket. A continuation
+    remembered from another generation starts a notch lower (a guess the bucket corrects)."""
+    match, agreement, count = feats[:3]
+    remembered = feats[3] if len(feats) > 3 else 0
     z = (-4.222 + 1.289 * math.log(match) + 2.079 * agreement / 100 + 1.584 * (agreement == 100)
-         + 1.24 * math.log(count))
+         + 1.24 * math.log(count) - 1.0 * remembered)
     return 1.0 / (1.0 + math.exp(-z))
 
 
 @drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model); "
                   "with --tree it branches where earlier continuations disagree", order=10)
 def _build_ngram(request: DraftRequest) -> NgramDrafter:
-    return NgramDrafter(table=shared_table(request.target), tree=request.tree)
+    return NgramDrafter(table=shared_table(request.target), tree=request.tree,
+                        memory=getattr(request.target, "memory", None))
 
 
 def shared_table(target) -> AcceptanceTable:

@@ -48,6 +48,9 @@ class RecycleDrafter(Drafter):
         super().begin(prompt, sampler)
         self.ngram.begin(prompt, sampler)
 
+    def close(self) -> None:
+        self.ngram.close()
+
     def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
         top = logits.topk(min(self.width, logits.shape[-1]), dim=-1).indices.tolist()
         for token, row in zip(fed, top):
@@ -105,7 +108,7 @@ def _build_recycle(request: DraftRequest) -> RecycleDrafter:
     # from one generation to the next (TR's adjacency matrix is never reset either).
     target = request.target
     return RecycleDrafter(table=target.shared("recycle-next", dict),
-                          ngram=NgramDrafter(table=shared_table(target)),
+                          ngram=NgramDrafter(table=shared_table(target), memory=getattr(target, "memory", None)),
                           acceptance=target.shared("recycle-acceptance",
                                                    lambda: AcceptanceTable(recycled_prior, recycled_bucket)),
                           tree=request.tree)

@@ -1,0 +1,93 @@
+"""Memory across generations: a bounded table of earlier outputs' continuations that the n-gram
+drafters consult where the context has no match; saved and loaded on request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specdec
+from specdec.cli import main
+from specdec.drafters.memory import NgramMemory
+from specdec.drafters.ngram import NgramDrafter
+from specdec.errors import SpecdecError
+
+
+def test_lookup_finds_the_longest_remembered_suffix():
+    memory = NgramMemory(max_ngram=3)
+    memory.add([1, 2, 3, 4, 1, 2, 5])
+    assert memory.lookup([9, 1, 2]) == (2, {3: 1, 5: 1})
+    assert memory.lookup([2, 3]) == (2, {4: 1})
+    assert memory.lookup([7, 7]) is None
+    assert memory.lookup([3]) is None  # shorter than the smallest n-gram kept
+
+
+def test_capacity_drops_the_least_recently_used():
+    memory = NgramMemory(max_ngram=2, capacity=3)
+    memory.add([1, 2, 3, 4, 5])  # n-grams (1,2) (2,3) (3,4): (1,2) is the oldest
+    assert len(memory) == 3
+    assert memory.lookup([1, 2]) is not None  # touching it makes (2,3) the oldest
+    memory.add([7, 8, 9])
+    assert memory.lookup([2, 3]) is None and memory.lookup([1, 2]) is not None and len(memory) == 3
+
+
+def test_save_and_load_round_trip(tmp_path):
+    memory = NgramMemory()
+    memory.add([5, 6, 7, 8, 9, 5, 6, 7, 10])
+    path = tmp_path / "m.json"
+    memory.save(path)
+    again = NgramMemory.load(path)
+    assert again.lookup([5, 6, 7]) == memory.lookup([5, 6, 7]) == (3, {8: 1, 10: 1})
+    assert len(NgramMemory.load(tmp_path / "missing.json")) == 0
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(SpecdecError, match="not a usable memory file"):
+        NgramMemory.load(tmp_path / "bad.json")
+
+
+def test_the_drafter_drafts_from_memory_only_where_the_context_has_no_match():
+    memory = NgramMemory()
+    memory.add([40, 41, 42, 43, 44])
+    drafter = NgramDrafter(memory=memory)
+    drafter.begin([1, 40, 41], None)
+    draft = drafter.propose([1, 40, 41], 3)
+    assert draft.tokens == [42, 43, 44] and all(f[3] == 1 for f in draft.features)
+    drafter.begin([40, 41, 50, 40, 41], None)  # the context itself says 50 follows 40 41
+    assert drafter.propose([40, 41, 50, 40, 41], 1).tokens == [50]
+
+
+@pytest.fixture()
+def tiny(tiny_model_dir):
+    return specdec.load(str(tiny_model_dir))
+
+
+def test_a_second_generation_drafts_from_the_first(tiny):
+    prompt = "zebra yak"
+    first = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)
+    plain = tiny.generate(prompt, max_new_tokens=30, drafter="none")
+    tiny.enable_memory()
+    tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)  # fills the memory
+    assert len(tiny.memory) > 0
+    second = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)
+    assert second.token_ids == first.token_ids == plain.token_ids
+    assert second.stats.accepted > first.stats.accepted
+    recycled = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4, drafter="recycle")
+    assert recycled.token_ids == plain.token_ids
+
+
+def test_cli_memory_file_is_written_and_reused(capsys, tmp_path, tiny_model_dir):
+    path = tmp_path / "memory.json"
+    args = ["generate", "zebra yak", "--model", str(tiny_model_dir), "--max-new-tokens", "30", "--policy", "fixed",
+            "--num-draft", "4", "--memory", str(path), "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert json.loads(path.read_text())["format"] == "specdec-memory"
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["token_ids"] == first["token_ids"]
+    assert second["stats"]["accepted"] > first["stats"]["accepted"]
+
+
+def test_cli_refuses_a_memory_path_in_a_missing_folder(capsys, tmp_path, no_loading, tiny_model_dir):
+    code = main(["generate", "hi", "--model", str(tiny_model_dir), "--memory", str(tmp_path / "no" / "m.json")])
+    assert code == 2 and "--memory needs a file" in capsys.readouterr().err
