@@ -45,7 +45,7 @@ def test_save_and_load_round_trip(tmp_path):
         NgramMemory.load(tmp_path / "bad.json")
 
 
-def test_the_drafter_drafts_from_memory_only_where_the_context_has_no_match():
+def test_the_drafter_prefers_memory_only_where_it_beats_the_context():
     memory = NgramMemory()
     memory.add([40, 41, 42, 43, 44])
     drafter = NgramDrafter(memory=memory)

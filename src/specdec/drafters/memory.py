@@ -2,9 +2,10 @@
 
 llama.cpp's dynamic n-gram cache and SuffixDecoding's global tree keep what a model wrote before,
 so a server answering similar requests can draft from its earlier answers. Here it is a bounded
-table n-gram -> next-token counts (2 <= n <= ``max_ngram``; the least recently used n-grams go
-first), filled with each finished generation and consulted by the n-gram drafter where the
-current context has no match. Optional (``Model.enable_memory``, ``--memory``) and saved as JSON
+table n-gram -> next-token counts (2 <= n <= ``max_ngram`` = 6: longer keys than the context
+index's 4, since a remembered match cannot be extended backwards to show it is long; the least recently used n-grams go
+first), filled with each finished generation and consulted by the n-gram drafter where its
+continuation looks likelier than the current context's. Optional (``Model.enable_memory``, ``--memory``) and saved as JSON
 only when asked.
 """
 
@@ -25,7 +26,7 @@ VERSION = 1
 class NgramMemory:
     """Next-token counts after every n-gram of earlier outputs, bounded, shared by threads."""
 
-    def __init__(self, max_ngram: int = 4, capacity: int = 200_000, min_ngram: int = 2) -> None:
+    def __init__(self, max_ngram: int = 6, capacity: int = 200_000, min_ngram: int = 2) -> None:
         if capacity < 1 or not 1 <= min_ngram <= max_ngram:
             raise SpecdecError(f"memory needs capacity >= 1 and 1 <= min n <= max n, got {capacity}, "
                                f"{min_ngram}, {max_ngram}")

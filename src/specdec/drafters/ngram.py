@@ -45,7 +45,7 @@ class NgramDrafter(Drafter):
         self.min_ngram = min_ngram
         self.tree = tree
         self.table = table or AcceptanceTable(ngram_prior, ngram_bucket)
-        self.memory = memory  # earlier generations' continuations, consulted where this context has none
+        self.memory = memory  # earlier generations' continuations, used where they beat this context's
         self._prompt_len = 0
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
@@ -140,8 +140,14 @@ class NgramDrafter(Drafter):
                     out.append((token, (match, counts[token] * 100 // len(ends), counts[token])))
             if not every_level:
                 break
-        if self.memory is not None and (every_level or not out):
-            out += self._remembered(tail, seen)
+        if self.memory is not None:
+            # Earlier outputs go first when their best candidate is likelier than the context's
+            # (e.g. a 4-gram remembered vs a unigram match here), otherwise they only add branches.
+            remembered = self._remembered((seq[-self.memory.max_ngram:] + draft)[-self.memory.max_ngram:], seen)
+            if remembered and (not out or self.table.estimate(remembered[0][1]) > self.table.estimate(out[0][1])):
+                out = remembered + out
+            elif every_level:
+                out += remembered
         return out
 
     def _remembered(self, tail: list[int], seen: set[int]) -> list[tuple[int, tuple[int, int, int, int]]]:
@@ -176,11 +182,10 @@ def ngram_bucket(feats: tuple[int, ...]) -> tuple[int, int, int, int]:
 def ngram_prior(feats: tuple[int, ...]) -> float:
     """Prior P(accept): a logistic fit on 122k draft tokens of greedy Spec-Bench outputs (80 prompts x
     128 tokens, SmolLM2-135M-Instruct and Gemma-3-270M), refined online per bucket. A continuation
-    remembered from another generation starts a notch lower (a guess the bucket corrects)."""
+    remembered from another generation starts from the same guess, in buckets of its own."""
     match, agreement, count = feats[:3]
-    remembered = feats[3] if len(feats) > 3 else 0
     z = (-4.222 + 1.289 * math.log(match) + 2.079 * agreement / 100 + 1.584 * (agreement == 100)
-         + 1.24 * math.log(count) - 1.0 * remembered)
+         + 1.24 * math.log(count))
     return 1.0 / (1.0 + math.exp(-z))
 
 
