@@ -186,6 +186,14 @@ def tiny_other_vocab_dir(tmp_path_factory) -> Path:
                                                                  "zebra yak xylophone"], seed=3)
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    """The tiny transformers model, loaded once per test module (its learned tables carry over)."""
+    import specdec
+
+    return specdec.load(str(tiny_model_dir))
+
+
 @pytest.fixture()
 def no_loading(monkeypatch) -> list:
     """Fails a CLI run that loads model weights (what it checks must be refused before that);

@@ -14,11 +14,6 @@ from specdec.types import Draft
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return specdec.load(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def tiny_draft(tiny_draft_dir):
     return specdec.load(str(tiny_draft_dir))
 

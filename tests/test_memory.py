@@ -57,11 +57,13 @@ def test_the_drafter_prefers_memory_only_where_it_beats_the_context():
 
 
 @pytest.fixture()
-def tiny(tiny_model_dir):
+def own_tiny(tiny_model_dir):
+    """A model of this test's own: enabling memory changes what every later generation drafts."""
     return specdec.load(str(tiny_model_dir))
 
 
-def test_a_second_generation_drafts_from_the_first(tiny):
+def test_a_second_generation_drafts_from_the_first(own_tiny):
+    tiny = own_tiny
     prompt = "zebra yak"
     first = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)
     plain = tiny.generate(prompt, max_new_tokens=30, drafter="none")

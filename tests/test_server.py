@@ -17,16 +17,10 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import specdec
 from specdec.server.app import ServeConfig, Server
 from specdec.server.loadtest import run_load
 
 PROMPTS = ["the quick brown fox", "hello world hello world", "zebra", "the quick brown fox jumps over the lazy"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return specdec.load(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specdec
 from conftest import ScriptDrafter
 from specdec.backends.toy import ToyLM
 from specdec.cli import main
@@ -78,11 +77,6 @@ def test_greedy_rejections_never_equal_the_correction():
         assert step.drafted[step.accepted] != step.target_token
         # Greedy: the target's own token is its argmax, so the rejected token's p is below it.
         assert step.accept_probs[step.accepted] < 1.0
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return specdec.load(str(tiny_model_dir))
 
 
 @pytest.mark.parametrize("kwargs", [dict(drafter="ngram"), dict(drafter="ngram", tree=True),

@@ -26,11 +26,6 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return specdec.load(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def other_vocab(tiny_other_vocab_dir):
     return specdec.load(str(tiny_other_vocab_dir))
 

@@ -89,12 +89,11 @@ def check_drafting(args: argparse.Namespace) -> None:
     if args.draft_model and not entry.needs_draft_model:
         raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
                            f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
-    memory = getattr(args, "memory", None)
-    if memory is not None:
+    if args.memory is not None:
         from pathlib import Path
 
-        if Path(memory).is_dir() or not Path(memory).parent.is_dir():
-            raise SpecdecError(f"--memory needs a file in an existing folder, got {memory!r}")
+        if Path(args.memory).is_dir() or not Path(args.memory).parent.is_dir():
+            raise SpecdecError(f"--memory needs a file in an existing folder, got {args.memory!r}")
     if args.dtype not in BACKENDS.get(args.backend).dtypes:
         raise SpecdecError(f"--dtype {args.dtype} is not available on the {args.backend} backend")
 

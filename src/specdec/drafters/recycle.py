@@ -42,7 +42,6 @@ class RecycleDrafter(Drafter):
         self.acceptance = acceptance or AcceptanceTable(recycled_prior, recycled_bucket)
         self.width = width
         self.tree = tree
-        self._last = 0
 
     def begin(self, prompt, sampler) -> None:
         super().begin(prompt, sampler)
@@ -58,15 +57,18 @@ class RecycleDrafter(Drafter):
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         self.ngram.sync(tokens)
-        self._last = tokens[-1]
-        return best_first_tree(self.expand, k, self.width) if self.tree else best_chain(self.expand, k)
 
-    def expand(self, path: list[int]) -> list[tuple[int, float, tuple]]:
+        def expand(path: list[int]) -> list[tuple[int, float, tuple]]:
+            return self.expand(path, tokens[-1])
+
+        return best_first_tree(expand, k, self.width) if self.tree else best_chain(expand, k)
+
+    def expand(self, path: list[int], last_context_token: int) -> list[tuple[int, float, tuple]]:
         """Candidates after context + ``path`` from both sources, best estimate first (one per token)."""
         best: dict[int, tuple[float, tuple]] = {}
         for token, feats in self.ngram.continuations(path, every_level=self.tree):
             best[token] = (self.ngram.table.estimate(feats), (NGRAM, feats))
-        last = path[-1] if path else self._last
+        last = path[-1] if path else last_context_token
         depth = len(path)
         for rank, token in enumerate(self.next.get(last, ())):
             feats = (rank, depth)
