@@ -85,15 +85,24 @@ def step_record(step: StepTrace, codec: TextCodec, emitted_text: list[str],
     return record
 
 
+def own_codec(model: Model, draft_model: Model | None) -> TextCodec | None:
+    """The draft model's codec when it tokenizes differently (its own tokens are then worth showing)."""
+    return draft_model.codec if draft_model is not None and draft_model.codec is not model.codec else None
+
+
 def document(output: Output, model: Model, *, settings: dict | None = None,
-             draft_model: Model | None = None, plain_step_s: float | None = None) -> dict:
+             draft_model: Model | None = None, plain_step_s: float | None = None,
+             records: list[dict] | None = None) -> dict:
     """The trace document of a finished generation (``output.trace`` holds its steps).
 
-    ``plain_step_s`` (the measured cost of a plain decoding step) lets views estimate the speed-up.
+    ``plain_step_s`` (the measured cost of a plain decoding step) lets views estimate the speed-up;
+    ``records`` are the step records if a live view already made them.
     """
-    detok = Detokenizer(model.codec)
-    draft_codec = draft_model.codec if draft_model is not None and draft_model.codec is not model.codec else None
-    steps = [step_record(s, model.codec, detok.add(s.emitted), draft_codec) for s in output.trace]
+    if records is None:
+        detok = Detokenizer(model.codec)
+        draft_codec = own_codec(model, draft_model)
+        records = [step_record(s, model.codec, detok.add(s.emitted), draft_codec) for s in output.trace]
+    steps = records
     doc = {
         "format": FORMAT,
         "version": VERSION,

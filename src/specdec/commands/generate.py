@@ -99,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         model.generate(prompt_ids, **{**kwargs, "max_new_tokens": 2, "drafter": "none"})  # warm-up
         baseline = model.generate(prompt_ids, **{**kwargs, "drafter": "none"})
-    out = watched(model, draft_model, prompt_ids, kwargs) if args.live else \
-        model.generate(prompt_ids, **kwargs, trace=bool(args.trace))
+    records = None
+    if args.live:
+        out, records = watched(model, draft_model, prompt_ids, kwargs)
+    else:
+        out = model.generate(prompt_ids, **kwargs, trace=bool(args.trace))
     if args.memory:
         model.memory.save(args.memory)
     if args.trace:
@@ -108,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
         settings = {k: kwargs[k] for k in ("drafter", "num_draft", "policy", "temperature", "top_k", "top_p",
                                            "verify", "tree", "max_new_tokens")}
-        doc = document(out, model, settings=settings, draft_model=draft_model, plain_step_s=plain_step_s(model))
+        doc = document(out, model, settings=settings, draft_model=draft_model, plain_step_s=plain_step_s(model),
+                       records=records)
         if baseline is not None:
             doc["measured_speedup"] = speedup(out, baseline)
         save(doc, args.trace)
@@ -131,19 +135,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def watched(model, draft_model, prompt_ids, kwargs):
-    """Generate while the live view draws each step (steps carry p and q, as for a trace)."""
-    from specdec.trace import Detokenizer, step_record
+    """Generate while the live view draws each step (steps carry p and q, as for a trace); the
+    output and the step records the view drew (a trace file reuses them)."""
+    from specdec.trace import Detokenizer, own_codec, step_record
     from specdec.views.terminal import LiveView, describe
 
     run = model.start(prompt_ids, **kwargs, trace=True)
     detok = Detokenizer(model.codec)
-    draft_codec = draft_model.codec if draft_model is not None else None
+    draft_codec = own_codec(model, draft_model)
     title = describe({"model": model.name, "backend": model.backend_name, "settings": kwargs,
                       "draft_model": draft_model.name if draft_model is not None else None})
+    records = []
     with LiveView(plain_step_s=plain_step_s(model), title=title) as view:
         for step in run:
-            view.update(step_record(step, model.codec, detok.add(step.emitted), draft_codec))
-    return model.finish(run, run.result, kwargs.get("stop"))
+            records.append(step_record(step, model.codec, detok.add(step.emitted), draft_codec))
+            view.update(records[-1])
+    return model.finish(run, run.result, kwargs.get("stop")), records
 
 
 def plain_step_s(model) -> float | None:
