@@ -31,7 +31,6 @@ VERSION = 1
 SUFFIXES = (".json", ".html")
 
 Fate = Literal["accepted", "rejected", "unjudged", "correction", "bonus", "plain"]
-FATES: tuple[Fate, ...] = ("accepted", "rejected", "unjudged", "correction", "bonus", "plain")
 
 
 class Detokenizer:
@@ -102,7 +101,6 @@ def document(output: Output, model: Model, *, settings: dict | None = None,
         detok = Detokenizer(model.codec)
         draft_codec = own_codec(model, draft_model)
         records = [step_record(s, model.codec, detok.add(s.emitted), draft_codec) for s in output.trace]
-    steps = records
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -118,7 +116,7 @@ def document(output: Output, model: Model, *, settings: dict | None = None,
         "timing": {"prefill_s": output.stats.prefill_s, "wall_s": output.stats.wall_s},
         "plain_step_s": plain_step_s,
         "stats": output.stats.to_dict(),
-        "steps": steps,
+        "steps": records,
     }
     if output.seed is not None:
         doc["seed"] = output.seed

@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
@@ -381,9 +381,3 @@ def serve_forever(server: Server, host: str, port: int) -> None:
 
     uvicorn.run(server.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
-
-def iter_lines(events: Iterator[str]) -> Iterator[dict]:
-    """Parse server-sent events back into payloads (tests and the load-test client)."""
-    for line in events:
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[len("data: "):])
