@@ -117,6 +117,7 @@ class DecodeRun:
         self.target.reset()
         self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
+        self.drafter.attach(self.target)
         self.drafter.begin(self.prompt, self.sampler)
         tokens = list(self.prompt)
         while not self.done:
@@ -147,7 +148,8 @@ class DecodeRun:
                     break
             tokens.extend(emitted)
             self.drafter.observe(draft, verdict)
-            self.policy.observe(len(draft), verdict.num_accepted, t2 - t1, base)
+            # A prefed draft's verification ran only the LM head: no point on the forward-cost curve.
+            self.policy.observe(len(draft), verdict.num_accepted, 0.0 if draft.prefed else t2 - t1, base)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
                              (t1 - t0) + (t3 - t2), t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,

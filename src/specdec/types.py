@@ -37,6 +37,9 @@ class Draft:
     # drawn from (its siblings drawn i.i.d. from the same one, as in SpecInfer).
     parents: list[int] | None = None
     extra: dict | None = None  # drafter-specific details for the trace (e.g. which source drafted)
+    # Self-speculation: the target already ran these tokens through its layers while drafting, so
+    # verifying them costs its LM head only (a cut would save nothing; the policy keeps them all).
+    prefed: bool = False
 
     def __post_init__(self) -> None:
         if self.proposed is None:
@@ -67,7 +70,7 @@ class Draft:
         parents = subset(self.parents if self.parents is not None else chain(len(self.tokens)), keep)
         parents = None if is_chain(parents) else parents
         return Draft([self.tokens[i] for i in keep], q, self.forwards, pick(self.confidence), pick(self.features),
-                     pick(self.probs), self.proposed, parents, self.extra)
+                     pick(self.probs), self.proposed, parents, self.extra, self.prefed)
 
 
 @dataclass

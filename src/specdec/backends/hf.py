@@ -48,7 +48,10 @@ class HFBackend(Backend):
         self.cache = DynamicCache(config=self.model.config)
         if self._sliding:
             self.cache.activate_past_recording()
-        self.tokens: list[int] = []
+        self.tokens: list[int] = []  # every token in the cache, the pending ones included
+        # Self-speculation (``body``) runs tokens through the layers ahead of verification; their
+        # final hidden states wait here until an extend asks for exactly those tokens.
+        self._pending = torch.zeros(0, 0)
         # Recorded sliding layers can undo only what was added since their last crop, which trims
         # them back to the window: rolling back below this floor needs a recompute.
         self._floor = 0
@@ -56,13 +59,71 @@ class HFBackend(Backend):
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) - len(self._pending)
+
+    @property
+    def pending(self) -> list[int]:
+        """Tokens run through the layers by :meth:`body` and not yet claimed by an extend."""
+        return self.tokens[self.length:]
+
+    def body(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Run ``tokens`` through the layers (no LM head) after the cache, pending ones included;
+        returns their final hidden states ``[n, H]``.
+
+        For self-speculation: the drafter reads these states through a small head, and a later
+        ``extend`` that starts with the same tokens reuses them, so verifying them costs only the
+        full LM head. They are computed one chain at a time exactly as plain decoding would.
+        """
+        check_extend(tokens)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not body")
+        hidden = self._forward_body(list(tokens))
+        self._pending = torch.cat([self._pending, hidden]) if len(self._pending) else hidden
+        return hidden
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The full LM head (with the model's final soft-capping, if any) over hidden states."""
+        with torch.inference_mode():
+            logits = self.model.get_output_embeddings()(hidden).float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def _forward_body(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([tokens], dtype=torch.long)
+        with torch.inference_mode():
+            out = self.model.get_decoder()(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        self.tokens.extend(tokens)
+        return out.last_hidden_state[0]
+
+    def _claim_pending(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        """The hidden states of the pending tokens that ``tokens`` starts with; the other pending
+        tokens are dropped from the cache. ``None`` when nothing was pending."""
+        if not len(self._pending):
+            return None
+        pending = self.pending
+        n = 0
+        while n < min(len(pending), len(tokens)) and pending[n] == tokens[n]:
+            n += 1
+        claimed = self._pending[:n]
+        self._drop_pending(len(pending) - n)
+        return claimed
+
+    def _drop_pending(self, count: int) -> None:
+        if count:
+            self.cache.crop(-count)
+            del self.tokens[-count:]
+            if self._sliding and len(self.tokens) >= self._window:
+                self._floor = len(self.tokens)  # that crop trimmed the recorded rows (see reset)
+        self._pending = torch.zeros(0, 0)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False,
                tree: Sequence[int] | None = None) -> torch.Tensor:
         check_extend(tokens, tree, self.supports_tree)
         if self._last[1] is not None:
             raise ValueError("a tree extend must be followed by truncate, not another extend")
+        claimed = self._claim_pending(tokens if tree is None else [])
+        if claimed is not None and len(claimed):
+            return self._extend_claimed(list(tokens), claimed, last_only)
         ids = torch.tensor([list(tokens)], dtype=torch.long)
         start = len(self.tokens)
         extra = {} if tree is None else self._tree_inputs(start, list(tree))
@@ -73,6 +134,15 @@ class HFBackend(Backend):
         self.tokens.extend(tokens)
         self._last = (start, None if tree is None else list(tree))
         return out.logits[0].float()
+
+    def _extend_claimed(self, tokens: list[int], claimed: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Extend whose first tokens' hidden states are already computed: the layers run only on
+        the rest, and the full head on all of them at once."""
+        start = len(self.tokens) - len(claimed)
+        rest = tokens[len(claimed):]
+        hidden = torch.cat([claimed, self._forward_body(rest)]) if rest else claimed
+        self._last = (start, None)
+        return self.head(hidden[-1:] if last_only else hidden)
 
     def _tree_inputs(self, start: int, tree: list[int]) -> dict:
         """``position_ids`` by depth and the attention mask(s) for scoring ``tree`` after ``start`` tokens."""
@@ -103,7 +173,8 @@ class HFBackend(Backend):
         return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
     def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
-        check_truncate(length, len(self.tokens))
+        check_truncate(length, self.length)
+        self._pending = torch.zeros(0, 0)  # its rows go with the crop below (one crop: see reset)
         start, tree = self._last
         self._last = (start, None)
         if keep is not None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.backends.base import Backend
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler, SamplingParams
 from specdec.types import Draft, Verdict
@@ -29,6 +30,10 @@ class Drafter(ABC):
     @property
     def params(self) -> SamplingParams:
         return self.sampler.params if self.sampler is not None else SamplingParams()
+
+    def attach(self, target: Backend) -> None:
+        """The target's backend for the coming generation (called before :meth:`begin`). Drafters
+        that share the target's weights and cache (self-speculation) keep it; others ignore it."""
 
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         """Start a new sequence; model drafters draw their tokens with ``sampler``."""

@@ -87,8 +87,11 @@ class RecycleDrafter(Drafter):
         else:
             judged = [(i, i < verdict.num_accepted) for i in range(min(len(draft), verdict.num_accepted + 1))]
         for node, accepted in judged:
-            source, feats = draft.features[node]
-            (self.ngram.table if source == NGRAM else self.acceptance).record(feats, accepted)
+            self.record(*draft.features[node], accepted)
+
+    def record(self, source: str, feats: tuple, accepted: bool) -> None:
+        """One judged candidate of ``source`` (n-gram or recycled), for its acceptance table."""
+        (self.ngram.table if source == NGRAM else self.acceptance).record(feats, accepted)
 
 
 def recycled_bucket(feats: tuple[int, int]) -> tuple[int, int]:
@@ -106,11 +109,15 @@ def recycled_prior(feats: tuple[int, int]) -> float:
 @drafter("recycle", "token recycling: the target's own top next tokens from earlier forwards (no model), "
                     "combined with the n-gram index; with --tree it branches on both", order=15)
 def _build_recycle(request: DraftRequest) -> RecycleDrafter:
+    return build_recycle(request.target, request.tree)
+
+
+def build_recycle(target, tree: bool = False) -> RecycleDrafter:
+    """A recycling drafter on ``target``'s shared tables."""
     # The recycled table and both acceptance tables belong to the target model: they carry over
     # from one generation to the next (TR's adjacency matrix is never reset either).
-    target = request.target
     return RecycleDrafter(table=target.shared("recycle-next", dict),
                           ngram=NgramDrafter(table=shared_table(target), memory=getattr(target, "memory", None)),
                           acceptance=target.shared("recycle-acceptance",
                                                    lambda: AcceptanceTable(recycled_prior, recycled_bucket)),
-                          tree=request.tree)
+                          tree=tree)

@@ -45,6 +45,8 @@ class AdaptiveK(DraftPolicy):
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """The number of leading draft nodes to verify (a tree's nodes come best first)."""
+        if draft.prefed:
+            return len(draft)  # already through the layers: verifying costs the head alone
         confidence = draft.confidence or [self.acceptance] * len(draft)
         parents = draft.parents if draft.parents is not None else chain(len(draft))
         best_i, best_rate = 0, 1.0 / self.costs.forward(1)
