@@ -145,10 +145,11 @@ GREEDY = -1  # the feature of every greedy self-draft token
 
 
 def self_table() -> AcceptanceTable:
-    """Acceptance of self-drafted tokens. Greedy: one bucket, since the head's argmax *is* the
-    target's whenever the target's token lies in the head, whatever its probability (so the
-    estimate is the head's coverage, prior 0.9). Sampling: by the decile of the draft's
-    probability for its token, as for a draft model."""
+    """Acceptance of self-drafted tokens by the decile of the small head's probability for its
+    token. Greedy: the head's argmax *is* the target's whenever the target's token lies in the
+    head, whatever its probability, so every decile starts at 0.9 (the head's coverage) and learns
+    where coverage is worse (a flat small-head distribution often means the target's token lies
+    outside it). Sampling: from the decile itself, as for a draft model."""
     return AcceptanceTable(prior=lambda f: 0.9 if f[0] == GREEDY else f[0] / 10 + 0.05, bucket=lambda f: f)
 
 
@@ -259,7 +260,7 @@ class SelfDrafter(Drafter):
             t0 = time.perf_counter()
             tok, prob, q = self._draw(hidden, len(tokens) + i, want_q)
             self.m.small.add(time.perf_counter() - t0)
-            feats = (GREEDY if self.sampler.greedy else decile(prob),)
+            feats = (GREEDY, decile(prob)) if self.sampler.greedy else (decile(prob),)
             estimate = self.table.estimate(feats)
             free = self.helper.expand(out.tokens, tokens[-1]) if self.helper is not None else []
             # The free sources take over where they are likelier, or agree with the head, and their
