@@ -232,3 +232,37 @@ def test_a_crashing_peer_is_dropped_and_reported_while_ours_must_not_crash():
     assert "hf-assisted:x" not in bench.runs and "515" in bench.failed["hf-assisted:x"]
     with pytest.raises(RuntimeError):
         run_bench(FakeModel(), [Flaky("plain", "ours", 2)], qs, 8, greedy=True)
+
+
+def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_questions():
+    """No method may profit from another's pass over the same question (a recycled table primed
+    with the answer), nor a repeat from the repeat before it: each sees its own earlier questions."""
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import run_bench
+
+    class FakeModel:
+        has_chat_template = False
+        learned: dict = {}
+
+        def encode(self, text, chat=False):
+            return [ord(text[0])]
+
+    model = FakeModel()
+
+    class Learner(Method):
+        def __init__(self, name):
+            self.name, self.family, self.saw = name, "ours", []
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            table = model.learned.setdefault("recycle-next", {})  # what Model.shared would hold
+            self.saw.append(sorted(table))
+            table[prompt_ids[0]] = [self.name]
+            return RunResult([1], 1.0)
+
+    a, b = Learner("plain"), Learner("recycle")
+    qs = [Question(1, "a", "x"), Question(2, "b", "y")]
+    run_bench(model, [a, b], qs, 8, greedy=True, repeats=2)
+    warm, x, y = ord("S"), ord("x"), ord("y")
+    for method in (a, b):  # warm-up, then two repeats per question, each from the same state
+        assert method.saw == [[], [warm], [warm], [warm, x], [warm, x]]

@@ -185,6 +185,16 @@ class Model:
             self._shared[key] = make()
         return self._shared[key]
 
+    @property
+    def learned(self) -> dict[str, Any]:
+        """Everything :meth:`shared` holds. A benchmark swaps it per method (and restores it per
+        repeat), so that no method drafts from what another learned on the same question."""
+        return self._shared
+
+    @learned.setter
+    def learned(self, state: dict[str, Any]) -> None:
+        self._shared = state
+
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None, tree: bool = False) -> Drafter:
         """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself.
 

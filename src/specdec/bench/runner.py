@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from specdec.api import Model
 from specdec.bench.methods import Method, RunResult
 from specdec.bench.questions import Question
+from specdec.costs import CostModel
 
 
 @dataclass
@@ -21,6 +25,32 @@ class BenchRun:
     greedy: bool
     runs: dict[str, list[RunResult]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # peer method -> the error that stopped it
+
+
+WARMUP_PROMPT = "Say hello."
+
+
+def snapshot(state: dict) -> dict:
+    """A copy of learned state: its containers and counters are new, while tensors and cost
+    curves are shared (tensors there are only ever replaced, never written into, and the cost
+    curve measures the machine, not a method)."""
+    keep: dict[int, object] = {}
+    seen: set[int] = set()
+    stack: list[object] = [state]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (torch.Tensor, CostModel)):
+            keep[id(obj)] = obj
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") and not callable(obj):
+            stack.extend(vars(obj).values())
+    return copy.deepcopy(state, keep)
 
 
 def run_bench(model: Model, methods: list[Method], questions: list[Question], max_new_tokens: int,
@@ -50,17 +80,26 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
             return None
 
     bench.methods = list(methods)
+    # What each of our methods has learned (recycled tables, a self-drafter's head, acceptance
+    # tables) is its own: a table primed by another method's pass over the same question would be a
+    # second pass, not an unseen prompt. Each repeat starts from the state before the question.
+    learned = {m.name: {} for m in methods}
+    warmup = model.encode(WARMUP_PROMPT, chat=chat)
     for method in list(bench.methods):
-        attempt(method, prompts[0], min(4, max_new_tokens), seed)
+        model.learned = learned[method.name]
+        attempt(method, warmup, min(4, max_new_tokens), seed)
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
+        before = {name: snapshot(state) for name, state in learned.items()} if repeats > 1 else {}
         for r in range(repeats):
             current = list(bench.methods)
             shift = (i + r) % len(current)
             for method in current[shift:] + current[:shift]:
                 if method not in bench.methods:
                     continue
+                model.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
                 result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i)
+                learned[method.name] = model.learned
                 if result is not None and (method.name not in fastest or result.wall_s < fastest[method.name].wall_s):
                     fastest[method.name] = result
         for method in bench.methods:
