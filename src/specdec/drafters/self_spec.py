@@ -199,11 +199,13 @@ SELF = "self"
 class SelfDrafter(Drafter):
     """Drafts with the target's own layers and a small LM head (see the module's docstring).
 
-    With a ``helper`` (the token-recycling drafter: n-gram index + recycled table), every draft
-    position also asks the free sources: where their best candidate's calibrated estimate beats
-    the small head's, the draft takes it and continues with the free sources' chain. Those tokens
-    were not run ahead through the layers; verification runs them in one batched pass, which costs
-    far less per token than one pass each, so a good index match is not spent sequentially.
+    With a ``helper`` (the token-recycling drafter: n-gram index + recycled table; ``combined``)
+    each step first weighs the free sources' own draft: taken whole when its best prefix costs less
+    per expected token on the target's cost curve than steps drafted through the layers have cost
+    per token (measured wall time). Otherwise the draft goes through the layers, and at each
+    position where the free sources agree with the small head or are likelier, their chain ends
+    the draft if it pays. Free tokens were not run ahead through the layers; verification runs them
+    in one batched pass, which costs far less per token than one pass each.
     """
 
     name = SELF
@@ -244,12 +246,11 @@ class SelfDrafter(Drafter):
         self._time_step()
         self.head.add(tokens[self._seen:])  # what the context holds is likely to come again
         self._seen = len(tokens)
-        if self.helper is not None:
-            self.helper.ngram.sync(tokens)
         want_q = not self.sampler.greedy and not self.sampler.coupled
         if self.helper is not None:
             # Decided before any layer pass: a free chain is verified in one forward with the
-            # last token, which a pass run ahead for it would split in two.
+            # last token, which a pass run ahead for it would split in two. (This also brings the
+            # n-gram index up to date for the per-position look-ups below.)
             free = self._free_draft(tokens, k, stop, want_q)
             if free is not None:
                 return free
