@@ -23,6 +23,9 @@ class Backend(ABC):
     the cache and its ancestors, at position cache length + depth) and keep one root-to-node path
     of it with ``truncate(length, keep=...)``; the engine falls back to chains elsewhere.
     Implementations are single-sequence and not thread-safe: make one per concurrent generation.
+    Optional, for self-speculation: ``body(tokens)`` runs the layers ahead (no LM head) as pending
+    rows that a following ``extend`` reuses, and ``head(hidden)`` is the LM head
+    (:class:`specdec.backends.hf.HFBackend` has both; a drafter that needs them says so elsewhere).
     """
 
     vocab_size: int
