@@ -37,19 +37,26 @@ class DraftTokens:
     features: list[tuple] = field(default_factory=list)
 
     def add(self, token: int, q: torch.Tensor, feats: tuple, table: AcceptanceTable) -> float:
+        """Add ``token`` drawn from ``q``; its estimate comes from ``table``."""
+        estimate = table.estimate(feats)
+        self.append(token, float(q[token]), estimate, feats, q)
+        return estimate
+
+    def append(self, token: int, prob: float, estimate: float, feats: tuple, q: torch.Tensor | None) -> None:
+        """Add ``token`` with its probability under the draft and its acceptance estimate (``q`` is
+        kept only when rejection sampling needs it)."""
         self.tokens.append(token)
         if self.want_q:
             self.qs.append(q)
-        self.probs.append(float(q[token]))
-        self.features.append(feats)
-        estimate = table.estimate(feats)
+        self.probs.append(prob)
         self.confidence.append(estimate)
-        return estimate
+        self.features.append(feats)
 
-    def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None) -> Draft:
+    def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None,
+              prefed: bool = False) -> Draft:
         q = torch.stack(self.qs) if self.qs else None
         return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, parents=parents,
-                     extra=extra)
+                     extra=extra, prefed=prefed)
 
 
 class ModelDrafter(Drafter):

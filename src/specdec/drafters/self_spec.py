@@ -40,7 +40,7 @@ from specdec.costs import CostModel
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_chain
-from specdec.drafters.model import decile
+from specdec.drafters.model import DraftTokens, decile
 from specdec.drafters.recycle import RecycleDrafter, build_recycle
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
@@ -254,7 +254,7 @@ class SelfDrafter(Drafter):
             free = self._free_draft(tokens, k, stop, want_q)
             if free is not None:
                 return free
-        out = _Building()
+        out = DraftTokens(want_q)
         hidden = self._body(tokens[-1])
         forwards, survival = 1, 1.0
         for i in range(k):
@@ -271,12 +271,12 @@ class SelfDrafter(Drafter):
             if not self._worth(survival * estimate):
                 break
             survival *= estimate
-            out.add(tok, prob, estimate, (SELF, feats), q)
+            out.append(tok, prob, estimate, (SELF, feats), q)
             if i + 1 == k or (stop is not None and stop(out.confidence)):
                 break
             hidden = self._body(tok)
             forwards += 1
-        return out.draft(forwards)
+        return out.draft(forwards, prefed=True)
 
     def _time_step(self) -> None:
         """Close the timing of the previous step (drafting + verification) and open this one's."""
@@ -302,17 +302,11 @@ class SelfDrafter(Drafter):
         if best >= self.m.self_token.value:
             return None
         self._step[0] = "free"
-        if want_q:  # deterministic tokens: rejection sampling's one-hot q
-            draft.q = torch.stack([self._one_hot(t) for t in draft.tokens])
+        if want_q:
+            draft.q = one_hot(draft.tokens, self.target.vocab_size)
         return draft
 
-    def _one_hot(self, token: int) -> torch.Tensor:
-        """Rejection sampling's q for a deterministic draft token."""
-        q = torch.zeros(self.target.vocab_size)
-        q[token] = 1.0
-        return q
-
-    def _free_tail(self, out: _Building, tokens: Sequence[int], k: int, stop: StopDrafting | None,
+    def _free_tail(self, out: DraftTokens, tokens: Sequence[int], k: int, stop: StopDrafting | None,
                    want_q: bool) -> bool:
         """End the draft with the free sources' chain (no layer passes until verification) if it
         pays: its expected accepted tokens would each have cost a layer pass, its tokens cost a
@@ -326,7 +320,7 @@ class SelfDrafter(Drafter):
         if expected * (self.m.body.value + self.m.small.value) <= self.m.forward(len(tail)):
             return False
         for tok, estimate, feats in zip(tail.tokens, tail.confidence, tail.features):
-            out.add(tok, 1.0, estimate, feats, self._one_hot(tok) if want_q else None)
+            out.append(tok, 1.0, estimate, feats, one_hot(tok, self.target.vocab_size) if want_q else None)
             if stop is not None and stop(out.confidence):
                 break
         return True
@@ -380,27 +374,9 @@ class SelfDrafter(Drafter):
         self.m.overhead.add(self.m.head + wasted * self.m.body.value + len(draft) * self.m.small.value)
 
 
-class _Building:
-    """A draft being built: tokens with their probabilities, estimates, features and q rows."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.probs: list[float] = []
-        self.confidence: list[float] = []
-        self.features: list[tuple] = []
-        self.qs: list[torch.Tensor] = []
-
-    def add(self, token: int, prob: float, estimate: float, feats: tuple, q: torch.Tensor | None) -> None:
-        self.tokens.append(token)
-        self.probs.append(prob)
-        self.confidence.append(estimate)
-        self.features.append(feats)
-        if q is not None:
-            self.qs.append(q)
-
-    def draft(self, forwards: int, prefed: bool = True) -> Draft:
-        q = torch.stack(self.qs) if self.qs else None
-        return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, prefed=prefed)
+def one_hot(tokens, vocab_size: int) -> torch.Tensor:
+    """Rejection sampling's q for deterministic draft tokens (free sources' tokens)."""
+    return torch.nn.functional.one_hot(torch.tensor(tokens), vocab_size).float()
 
 
 def no_body_message(backend: str) -> str:
