@@ -170,9 +170,10 @@ class Ema:
 @dataclass
 class Measured:
     """What the self drafter decides by (seconds, and tokens per step), learned across one
-    model's generations: the full LM head for one row, one pass through the layers, the small head, per step the tokens emitted and the
-    cost that does not scale with them (full head, rejected drafts' layer passes, small heads), and
-    the wall time per emitted token of steps drafted through the layers."""
+    model's generations: the full LM head for one row, one pass through the layers, the small
+    head, per step the tokens emitted and the cost that does not scale with them (full head,
+    rejected drafts' layer passes, small heads), and the wall time per emitted token of steps
+    drafted through the layers."""
 
     head: float
     body: Ema
@@ -312,10 +313,7 @@ class SelfDrafter(Drafter):
         pays: its expected accepted tokens would each have cost a layer pass, its tokens cost a
         batched row each and ending the step here costs one more full head. False: not taken."""
         tail = best_chain(lambda path: self.helper.expand(out.tokens + path, tokens[-1]), k - len(out.tokens))
-        expected, survival = 0.0, 1.0
-        for c in tail.confidence:
-            survival *= c
-            expected += survival
+        expected = sum(trees.path_probabilities(trees.chain(len(tail)), tail.confidence))
         # The tail's rows and the full head: about a forward of its length.
         if expected * (self.m.body.value + self.m.small.value) <= self.m.forward(len(tail)):
             return False
