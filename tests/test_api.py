@@ -241,8 +241,11 @@ def test_a_failing_generation_gives_its_backend_back(tiny, counted_pool):
     assert counted_pool == []
 
 
+OLD_CURVE = json.dumps({str(n): 0.01 for n in range(1, 17)}).encode()  # before the shape-switch cost
+
+
 @pytest.mark.parametrize("garbage", [b"\xff\xfe not even utf-8", b"{ truncated", b"[1, 2]", b'{"1": "nan"}',
-                                     b'{"1": -0.5}', b"{}"])
+                                     b'{"1": -0.5}', b"{}", OLD_CURVE])
 def test_a_corrupt_cost_cache_is_measured_again(tmp_path, monkeypatch, garbage):
     from specdec import costs
     from specdec.backends.toy import ToyLM
@@ -254,7 +257,9 @@ def test_a_corrupt_cost_cache_is_measured_again(tmp_path, monkeypatch, garbage):
     model = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3], repeats=1)
     assert model.forward(1) > 0
     stored = json.loads(path.read_text())
-    assert sorted(int(n) for n in stored) == sorted(costs.CALIBRATION_SIZES)
+    assert sorted(int(n) for n in stored if n != costs.SWITCH_KEY) == sorted(costs.CALIBRATION_SIZES)
+    assert stored[costs.SWITCH_KEY] >= 0
     # The rewritten file is used as it is: no second measurement.
     monkeypatch.setattr(costs, "measure_forward_costs", lambda *a, **k: pytest.fail("measured again"))
-    assert costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3]).seconds == model.seconds
+    again = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3])
+    assert again.seconds == model.seconds and again.switch == model.switch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.costs import CostModel, measure_forward_costs
+from specdec.costs import CostModel, measure_forward_costs, measure_switch
 from specdec.backends.toy import ToyLM
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.errors import SpecdecError
@@ -109,3 +109,36 @@ def test_the_adaptive_policy_feeds_its_forward_times_to_the_cost_model():
     policy = AdaptiveK(costs)
     policy.observe(1, 1, 1.0 * 1.2, context=100)
     assert costs.observations == 1 and costs.ratio(2) < 1.8
+
+
+def test_a_draft_step_is_charged_the_shape_switch_it_imposes_on_the_next_forward():
+    # 0.6 expected extra tokens for 1.5x the forward pays (1.6 / 1.5 > 1) until the plain forward
+    # after it costs 0.2 more (llama.cpp re-planning its graph): 1.6 / 1.7 < 1.
+    assert AdaptiveK(CostModel({1: 1.0, 2: 1.5})).choose(draft([0.6])) == 1
+    costs = CostModel({1: 1.0, 2: 1.5}, switch=0.2)
+    assert costs.step(1) == 1.0 and costs.step(2) == pytest.approx(1.7)
+    assert AdaptiveK(costs).choose(draft([0.6])) == 0
+    assert AdaptiveK(costs).choose(draft([0.95])) == 1
+
+
+def test_the_switch_is_learned_from_one_row_forwards_right_after_bigger_ones():
+    costs = CostModel({1: 1.0, 2: 1.8})
+    policy = AdaptiveK(costs)
+    for _ in range(60):
+        policy.observe(0, 0, 1.0)  # steady plain steps
+        policy.observe(1, 1, 1.8)  # a draft step
+        policy.observe(0, 0, 1.3)  # the plain step after it pays 0.3 for the switch
+    assert costs.unit == pytest.approx(1.0)
+    assert costs.switch == pytest.approx(0.3, rel=0.02)
+    assert costs.ratio(2) == pytest.approx(1.8)
+    # A new generation's policy does not blame its first forward on the last one's shape.
+    fresh = AdaptiveK(costs)
+    fresh.observe(0, 0, 2.0)
+    assert costs.switch == pytest.approx(0.3, rel=0.02) and costs.unit > 1.0
+
+
+def test_measure_switch_restores_the_cache():
+    backend = ToyLM(8, 2).backend()
+    steady, switch = measure_switch(backend, [1, 2, 3, 4], repeats=2)
+    assert steady > 0 and switch >= 0
+    assert backend.tokens == [1, 2, 3, 4]

@@ -39,6 +39,32 @@ def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Seque
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
+def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, other: int = 4) -> tuple[float, float]:
+    """(steady, switch): median seconds of a one-token ``extend`` right after another one-token
+    forward, and how much longer it takes right after a forward of ``other`` tokens.
+
+    llama.cpp re-plans its compute graph when the batch shape changes (about 1 ms for SmolLM2 on
+    this 2-core machine, a tenth of its one-token forward), so every draft step also slows the
+    plain step that follows it; a policy that ignores this drafts where it cannot pay.
+    """
+    backend.reset()
+    backend.prefill(context)
+    base = backend.length
+    pool = list(context) or [0]
+    steady: list[float] = []
+    after: list[float] = []
+    for i in range(2 * repeats):
+        before = 1 if i % 2 == 0 else other
+        backend.extend((pool * (before // len(pool) + 1))[:before])
+        backend.truncate(base)
+        t0 = time.perf_counter()
+        backend.extend(pool[:1])
+        (steady if before == 1 else after).append(time.perf_counter() - t0)
+        backend.truncate(base)
+    one = statistics.median(steady)
+    return one, max(0.0, statistics.median(after) - one)
+
+
 class CostModel:
     """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
 
@@ -49,15 +75,17 @@ class CostModel:
     The model is a unit (the cost of one row) times a ratio per n. Both are refined online from
     the forwards the engine times (:meth:`observe`): the unit follows the 1-row forwards (it grows
     with the context, and with machine load), each ratio follows the forwards of its own size
-    relative to the current unit. Updates are exponential moving averages clipped per step, so a
-    single slow forward (a scheduler hiccup) cannot swing a decision.
+    relative to the current unit, and a one-row forward right after a bigger one teaches the
+    shape-switch cost instead (:meth:`step`). Updates are exponential moving averages clipped per
+    step, so a single slow forward (a scheduler hiccup) cannot swing a decision.
     """
 
     UNIT_WEIGHT = 0.2
     RATIO_WEIGHT = 0.1
+    SWITCH_WEIGHT = 0.1
     CLIP = 1.5  # one observation moves an estimate by at most this factor (before averaging)
 
-    def __init__(self, seconds: dict[int, float]) -> None:
+    def __init__(self, seconds: dict[int, float], switch: float = 0.0) -> None:
         if not seconds:
             raise ValueError("a cost model needs at least one measurement")
         if any(not (s > 0) for s in seconds.values()):
@@ -66,6 +94,9 @@ class CostModel:
         first = next(iter(self.measured))
         self.unit = self.measured[first] / first
         self._ratios = {n: s / self.unit for n, s in self.measured.items()}
+        # Extra seconds of a one-token forward right after a forward of another size (the backend
+        # re-plans for the new shape): the price a draft step adds to the plain step after it.
+        self.switch = max(0.0, switch)
         self.observations = 0
 
     @property
@@ -76,6 +107,11 @@ class CostModel:
     def forward(self, n: int) -> float:
         """Estimated seconds for a forward of ``n`` new tokens."""
         return self.unit * self.ratio(n)
+
+    def step(self, n: int) -> float:
+        """Estimated seconds a step verifying ``n`` tokens costs against plain decoding: its forward
+        and, for n > 1, the shape switch it imposes on the one-token forward after it."""
+        return self.forward(n) + (self.switch if n > 1 else 0.0)
 
     def ratio(self, n: int) -> float:
         """Cost of a forward of ``n`` tokens relative to one token."""
@@ -93,11 +129,16 @@ class CostModel:
         a = max(s for s in sizes if s < n)
         return self._ratios[a] + (self._ratios[b] - self._ratios[a]) * (n - a) / (b - a)
 
-    def observe(self, n: int, seconds: float) -> None:
-        """Learn from one timed forward of ``n`` new tokens."""
+    def observe(self, n: int, seconds: float, after: int | None = None) -> None:
+        """Learn from one timed forward of ``n`` new tokens (``after``: the size of the forward
+        before it in the same generation, when known)."""
         if not (seconds > 0) or n < 1:
             return
         self.observations += 1
+        if n == 1 and after is not None and after > 1:
+            extra = min(max(seconds - self.unit, 0.0), self.unit)
+            self.switch += self.SWITCH_WEIGHT * (extra - self.switch)
+            return
         if n == 1:
             target = min(max(seconds, self.unit / self.CLIP), self.unit * self.CLIP)
             self.unit += self.UNIT_WEIGHT * (target - self.unit)
@@ -117,15 +158,27 @@ def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int 
     file is measured again. Delete it to re-measure, e.g. after moving to a busier machine.
     """
     cache = JsonCache("costs", key)
-    seconds = cache.load(_parse_seconds)
-    if seconds is None:
+    found = cache.load(_parse_seconds)
+    if found is None:
         seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats)
-        cache.store({str(n): s for n, s in seconds.items()})
-    return CostModel(seconds)
+        # The interleaved sizes time every one-token forward right after another shape; the
+        # unit is the steady one-token forward of plain decoding, the difference is the switch.
+        seconds[1], switch = measure_switch(backend, context, repeats)
+        cache.store({**{str(n): s for n, s in seconds.items()}, SWITCH_KEY: switch})
+    else:
+        seconds, switch = found
+    return CostModel(seconds, switch)
 
 
-def _parse_seconds(raw) -> dict[int, float]:
+SWITCH_KEY = "switch"
+
+
+def _parse_seconds(raw) -> tuple[dict[int, float], float]:
+    raw = dict(raw)
+    switch = float(raw.pop(SWITCH_KEY))
     seconds = {int(n): float(s) for n, s in raw.items()}
     if set(seconds) != set(CALIBRATION_SIZES) or any(not (0 < s < 1e3) for s in seconds.values()):
         raise ValueError("not a cost curve of this version")
-    return seconds
+    if not 0 <= switch < 1e3:
+        raise ValueError("not a shape-switch cost")
+    return seconds, switch

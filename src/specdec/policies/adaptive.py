@@ -22,13 +22,14 @@ class AdaptiveK(DraftPolicy):
 
     With per-token acceptance estimates a_1..a_k (``Draft.confidence``, or the running acceptance
     rate when the drafter gives none), verifying i tokens yields 1 + sum_{j<=i} prod_{l<=j} a_l
-    tokens on average for a forward of i + 1 tokens costing ``costs.forward(i + 1)``; i = 0 is a
-    plain step. A tree's nodes come best first, so the same rule with path probabilities in place
-    of the running products sizes a tree by what pays (Sequoia's hardware-aware sizing, with this
-    machine's measured curve). Choosing the best i per step is the myopic rule of dynamic speculation lookahead
-    (Mamou et al. 2024), with the CPU's measured cost curve in place of a constant. Every timed
-    forward refines that curve (:meth:`specdec.costs.CostModel.observe`), so it follows the
-    context length and the machine's load during a session.
+    tokens on average for a step costing ``costs.step(i + 1)`` (its forward of i + 1 tokens and
+    the shape switch it imposes on the next forward); i = 0 is a plain step. A tree's nodes come
+    best first, so the same rule with path probabilities in place of the running products sizes a
+    tree by what pays (Sequoia's hardware-aware sizing, with this machine's measured curve).
+    Choosing the best i per step is the myopic rule of dynamic speculation lookahead (Mamou et al.
+    2024), with the CPU's measured cost curve in place of a constant. Every timed forward refines
+    that curve (:meth:`specdec.costs.CostModel.observe`), so it follows the context length and the
+    machine's load during a session.
     """
 
     def __init__(self, costs: CostModel, k: int = DEFAULT_K, prior_acceptance: float = 0.5,
@@ -39,6 +40,7 @@ class AdaptiveK(DraftPolicy):
         self.k = k
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
         self.min_survival = min_survival
+        self._last: int | None = None  # rows of this generation's previous forward
 
     def max_k(self) -> int:
         return self.k
@@ -53,7 +55,7 @@ class AdaptiveK(DraftPolicy):
         expected = 1.0
         for i, survive in enumerate(path_probabilities(parents, confidence), start=1):
             expected += survive
-            rate = expected / self.costs.forward(i + 1)
+            rate = expected / self.costs.step(i + 1)
             if rate > best_rate:
                 best_i, best_rate = i, rate
         return best_i
@@ -66,7 +68,9 @@ class AdaptiveK(DraftPolicy):
         return survival < self.min_survival
 
     def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
-        self.costs.observe(drafted + 1, seconds)
+        if seconds > 0:
+            self.costs.observe(drafted + 1, seconds, after=self._last)
+        self._last = drafted + 1 if seconds > 0 else None
         if drafted:
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
