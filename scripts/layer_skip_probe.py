@@ -4,6 +4,10 @@ Measures the draft acceptance a layer-skipping self-drafter (Draft & Verify, SWI
 without training, on the target's own greedy continuations of Spec-Bench prompts: the full model's
 argmax at each generated position vs the argmax after skipping a set of layers (full LM head).
 Usage: python scripts/layer_skip_probe.py [--model gemma3-270m] [--questions N] [--tokens N]
+
+Measured (8 prompts, 64 greedy tokens): Gemma-3-270M skipping its last 2 of 18 layers agrees 63%,
+every 4th layer 3%; SmolLM2-135M skipping one middle layer of 30 agrees 77%, its last one 62%,
+a middle third 23%, every 4th 6.5%. A small model has no layers to spare.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ def main() -> None:
     prompts = [qs[0]["turns"][0] for qs in by_cat.values()][:args.questions]
     configs = {
         "none (check)": set(),
+        f"one middle layer": {n // 2},
+        f"last 1 of {n}": {n - 1},
         f"last 2 of {n}": set(range(n - 2, n)),
+        f"last 4 of {n}": set(range(n - 4, n)),
         f"every 4th": set(range(1, n, 4)),
         f"every 3rd": set(range(1, n, 3)),
         f"every 2nd (half)": set(range(1, n, 2)),
@@ -64,7 +71,7 @@ def main() -> None:
     hits = {name: 0 for name in configs}
     total = 0
     for prompt in prompts:
-        ids = model.encode(prompt)
+        ids = model.encode(prompt, chat=model.has_chat_template)
         out = model.generate(ids, max_new_tokens=args.tokens, drafter="none")
         seq = torch.tensor([ids + out.token_ids])
         full = seq[0, len(ids):]  # the greedy tokens at positions len(ids)..
