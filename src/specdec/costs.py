@@ -8,6 +8,7 @@ token, so whether a draft pays depends on this curve; the adaptive policy and ``
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -65,6 +66,20 @@ def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, o
     return one, max(0.0, statistics.median(after) - one)
 
 
+class Ema:
+    """A running average; one observation moves it by at most ``clip`` times (a scheduler hiccup
+    or a server's queue must not swing a decision)."""
+
+    def __init__(self, value: float, weight: float = 0.1, clip: float = 3.0) -> None:
+        self.value = value
+        self.weight = weight
+        self.clip = clip
+
+    def add(self, x: float) -> None:
+        x = min(max(x, self.value / self.clip), self.value * self.clip) if self.value > 0 else x
+        self.value += self.weight * (x - self.value)
+
+
 class CostModel:
     """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
 
@@ -92,12 +107,22 @@ class CostModel:
             raise ValueError("forward costs must be positive")
         self.measured = dict(sorted(seconds.items()))  # the calibration, as measured
         first = next(iter(self.measured))
-        self.unit = self.measured[first] / first
-        self._ratios = {n: s / self.unit for n, s in self.measured.items()}
+        self._unit = Ema(self.measured[first] / first, self.UNIT_WEIGHT, self.CLIP)
+        self._ratios = {n: Ema(s / self.unit, self.RATIO_WEIGHT, self.CLIP) for n, s in self.measured.items()}
         # Extra seconds of a one-token forward right after a forward of another size (the backend
         # re-plans for the new shape): the price a draft step adds to the plain step after it.
-        self.switch = max(0.0, switch)
+        self._switch = Ema(max(0.0, switch), self.SWITCH_WEIGHT, math.inf)  # bounded in observe
         self.observations = 0
+
+    @property
+    def unit(self) -> float:
+        """Seconds of a steady one-token forward."""
+        return self._unit.value
+
+    @property
+    def switch(self) -> float:
+        """Extra seconds of a one-token forward right after a forward of another size."""
+        return self._switch.value
 
     @property
     def seconds(self) -> dict[int, float]:
@@ -115,19 +140,20 @@ class CostModel:
 
     def ratio(self, n: int) -> float:
         """Cost of a forward of ``n`` tokens relative to one token."""
-        if n in self._ratios:
-            return self._ratios[n]
-        sizes = sorted(self._ratios)
+        ratios = {size: ema.value for size, ema in self._ratios.items()}
+        if n in ratios:
+            return ratios[n]
+        sizes = sorted(ratios)
         first, last = sizes[0], sizes[-1]
         if n < first or len(sizes) == 1:
-            return self._ratios[first] * n / first
+            return ratios[first] * n / first
         if n > last:
             # The curve's mean slope, not its last segment's: adjacent sizes can dip (odd vs even).
-            slope = max(0.0, (self._ratios[last] - self._ratios[first]) / (last - first))
-            return self._ratios[last] + slope * (n - last)
+            slope = max(0.0, (ratios[last] - ratios[first]) / (last - first))
+            return ratios[last] + slope * (n - last)
         b = next(s for s in sizes if s > n)
         a = max(s for s in sizes if s < n)
-        return self._ratios[a] + (self._ratios[b] - self._ratios[a]) * (n - a) / (b - a)
+        return ratios[a] + (ratios[b] - ratios[a]) * (n - a) / (b - a)
 
     def observe(self, n: int, seconds: float, after: int | None = None) -> None:
         """Learn from one timed forward of ``n`` new tokens (``after``: the size of the forward
@@ -136,16 +162,13 @@ class CostModel:
             return
         self.observations += 1
         if n == 1 and after is not None and after > 1:
-            extra = min(max(seconds - self.unit, 0.0), self.unit)
-            self.switch += self.SWITCH_WEIGHT * (extra - self.switch)
-            return
-        if n == 1:
-            target = min(max(seconds, self.unit / self.CLIP), self.unit * self.CLIP)
-            self.unit += self.UNIT_WEIGHT * (target - self.unit)
-            return
-        current = self.ratio(n)
-        target = min(max(seconds / self.unit, current / self.CLIP), current * self.CLIP)
-        self._ratios[n] = current + self.RATIO_WEIGHT * (target - current)
+            # An absolute extra that may be 0: bounded by the unit instead of relative clipping.
+            self._switch.add(min(max(seconds - self.unit, 0.0), self.unit))
+        elif n == 1:
+            self._unit.add(seconds)
+        else:
+            # A size never calibrated starts from the curve's interpolation.
+            self._ratios.setdefault(n, Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)).add(seconds / self.unit)
 
 
 CALIBRATION_SIZES = tuple(range(1, 17))

@@ -36,7 +36,7 @@ import torch
 from specdec import tree as trees
 from specdec.backends.base import Backend
 from specdec.cache import JsonCache
-from specdec.costs import CostModel
+from specdec.costs import CostModel, Ema
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_chain
@@ -151,20 +151,6 @@ def self_table() -> AcceptanceTable:
     where coverage is worse (a flat small-head distribution often means the target's token lies
     outside it). Sampling: from the decile itself, as for a draft model."""
     return AcceptanceTable(prior=lambda f: 0.9 if f[0] == GREEDY else f[0] / 10 + 0.05, bucket=lambda f: f)
-
-
-class Ema:
-    """A running average; one observation moves it by at most ``clip`` times (a scheduler hiccup
-    or a server's queue must not swing a decision)."""
-
-    def __init__(self, value: float, weight: float = 0.1, clip: float = 3.0) -> None:
-        self.value = value
-        self.weight = weight
-        self.clip = clip
-
-    def add(self, x: float) -> None:
-        x = min(max(x, self.value / self.clip), self.value * self.clip) if self.value > 0 else x
-        self.value += self.weight * (x - self.value)
 
 
 @dataclass
