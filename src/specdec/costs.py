@@ -140,9 +140,9 @@ class CostModel:
 
     def ratio(self, n: int) -> float:
         """Cost of a forward of ``n`` tokens relative to one token."""
+        if n in self._ratios:
+            return self._ratios[n].value
         ratios = {size: ema.value for size, ema in self._ratios.items()}
-        if n in ratios:
-            return ratios[n]
         sizes = sorted(ratios)
         first, last = sizes[0], sizes[-1]
         if n < first or len(sizes) == 1:
