@@ -131,8 +131,11 @@ def test_the_switch_is_learned_from_one_row_forwards_right_after_bigger_ones():
     assert costs.unit == pytest.approx(1.0)
     assert costs.switch == pytest.approx(0.3, rel=0.02)
     assert costs.ratio(2) == pytest.approx(1.8)
-    # A new generation's policy does not blame its first forward on the last one's shape.
+    # A new generation's first forward follows its prefill: it teaches neither the unit nor the
+    # switch (no draft caused that shape change); the steady forwards after it teach the unit.
     fresh = AdaptiveK(costs)
+    fresh.observe(0, 0, 2.0)
+    assert costs.switch == pytest.approx(0.3, rel=0.02) and costs.unit == pytest.approx(1.0)
     fresh.observe(0, 0, 2.0)
     assert costs.switch == pytest.approx(0.3, rel=0.02) and costs.unit > 1.0
 

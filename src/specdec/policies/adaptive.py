@@ -40,7 +40,7 @@ class AdaptiveK(DraftPolicy):
         self.k = k
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
         self.min_survival = min_survival
-        self._last: int | None = None  # rows of this generation's previous forward
+        self._last: int | None = None  # rows of this generation's previous forward (None: the prefill)
 
     def max_k(self) -> int:
         return self.k
@@ -68,7 +68,10 @@ class AdaptiveK(DraftPolicy):
         return survival < self.min_survival
 
     def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
-        if seconds > 0:
+        # A generation's first one-row forward follows the prefill, a shape change that no draft
+        # caused: it would teach the unit a switch it does not pay in steady decoding.
+        first_after_prefill = self._last is None and drafted == 0
+        if seconds > 0 and not first_after_prefill:
             self.costs.observe(drafted + 1, seconds, after=self._last)
         self._last = drafted + 1 if seconds > 0 else None
         if drafted:
