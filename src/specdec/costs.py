@@ -23,16 +23,13 @@ def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Seque
     Sizes are interleaved within each repeat so machine noise hits all of them alike; the cache is
     rolled back to ``context`` after every forward.
     """
-    backend.reset()
-    backend.prefill(context)
-    base = backend.length
-    pool = list(context) or [0]
+    base, pool = _at(backend, context)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     backend.extend(pool[:1])  # warm-up: first calls allocate
     backend.truncate(base)
     for _ in range(repeats):
         for n in sizes:
-            tokens = (pool * (n // len(pool) + 1))[:n]
+            tokens = _tokens(pool, n)
             t0 = time.perf_counter()
             backend.extend(tokens)
             samples[n].append(time.perf_counter() - t0)
@@ -48,15 +45,12 @@ def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, o
     this 2-core machine, a tenth of its one-token forward), so every draft step also slows the
     plain step that follows it; a policy that ignores this drafts where it cannot pay.
     """
-    backend.reset()
-    backend.prefill(context)
-    base = backend.length
-    pool = list(context) or [0]
+    base, pool = _at(backend, context)
     steady: list[float] = []
     after: list[float] = []
     for i in range(2 * repeats):
         before = 1 if i % 2 == 0 else other
-        backend.extend((pool * (before // len(pool) + 1))[:before])
+        backend.extend(_tokens(pool, before))
         backend.truncate(base)
         t0 = time.perf_counter()
         backend.extend(pool[:1])
@@ -64,6 +58,17 @@ def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, o
         backend.truncate(base)
     one = statistics.median(steady)
     return one, max(0.0, statistics.median(after) - one)
+
+
+def _at(backend: Backend, context: Sequence[int]) -> tuple[int, list[int]]:
+    """Put ``backend``'s cache at ``context``; its length, and the tokens timed forwards feed."""
+    backend.reset()
+    backend.prefill(context)
+    return backend.length, list(context) or [0]
+
+
+def _tokens(pool: list[int], n: int) -> list[int]:
+    return (pool * (n // len(pool) + 1))[:n]
 
 
 class Ema:
