@@ -28,8 +28,7 @@ from specdec.bench.questions import load_questions
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters import ngram
 from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
-from specdec.tree import children
-from specdec.types import Verdict
+from specdec.verify import verify_by_choice, verify_tree_by_choice
 
 
 def replay(prompt: list[int], out: list[int], tree: bool, k: int, table,
@@ -46,20 +45,17 @@ def replay(prompt: list[int], out: list[int], tree: bool, k: int, table,
         if policy is not None and draft.tokens:
             draft = draft.truncated(policy.choose(draft))
         seconds += costs.step(len(draft) + 1) if costs is not None else 0.0
-        kids = children(draft.parents) if draft.parents is not None else None
-        path: list[int] = []
-        node = -1
-        while True:
-            options = (kids.get(node, []) if kids is not None
-                       else ([node + 1] if node + 1 < len(draft.tokens) else []))
-            nxt = [c for c in options if t + len(path) < len(out) and draft.tokens[c] == out[t + len(path)]]
-            if not nxt:
-                break
-            node = nxt[0]
-            path.append(node)
+        # The engine's own greedy verification, with the recorded answer as the target's tokens
+        # (-1 past its end: nothing matches there).
+        def target_token(row: int, depth: int) -> int:
+            return out[t + depth] if t + depth < len(out) else -1
+        if draft.parents is not None:
+            verdict = verify_tree_by_choice(draft.tokens, draft.parents, target_token)
+        else:
+            verdict = verify_by_choice(draft.tokens, lambda depth: target_token(depth, depth))
         if draft.tokens:
-            drafter.observe(draft, Verdict([], len(path), False, path=path))
-        t += len(path) + 1
+            drafter.observe(draft, verdict)
+        t += verdict.num_accepted + 1
         steps += 1
     drafter.close()
     return min(t, len(out)), steps, seconds
