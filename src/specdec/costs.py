@@ -172,8 +172,10 @@ class CostModel:
         elif n == 1:
             self._unit.add(seconds)
         else:
-            # A size never calibrated starts from the curve's interpolation.
-            self._ratios.setdefault(n, Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)).add(seconds / self.unit)
+            ema = self._ratios.get(n)
+            if ema is None:  # a size never calibrated starts from the curve's interpolation
+                ema = self._ratios[n] = Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)
+            ema.add(seconds / self.unit)
 
 
 CALIBRATION_SIZES = tuple(range(1, 17))
