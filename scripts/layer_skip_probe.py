@@ -59,13 +59,13 @@ def main() -> None:
     prompts = [qs[0]["turns"][0] for qs in by_cat.values()][:args.questions]
     configs = {
         "none (check)": set(),
-        f"one middle layer": {n // 2},
+        "one middle layer": {n // 2},
         f"last 1 of {n}": {n - 1},
         f"last 2 of {n}": set(range(n - 2, n)),
         f"last 4 of {n}": set(range(n - 4, n)),
-        f"every 4th": set(range(1, n, 4)),
-        f"every 3rd": set(range(1, n, 3)),
-        f"every 2nd (half)": set(range(1, n, 2)),
+        "every 4th": set(range(1, n, 4)),
+        "every 3rd": set(range(1, n, 3)),
+        "every 2nd (half)": set(range(1, n, 2)),
         f"middle third": set(range(n // 3, 2 * n // 3)),
     }
     hits = {name: 0 for name in configs}
