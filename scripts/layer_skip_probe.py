@@ -66,7 +66,7 @@ def main() -> None:
         "every 4th": set(range(1, n, 4)),
         "every 3rd": set(range(1, n, 3)),
         "every 2nd (half)": set(range(1, n, 2)),
-        f"middle third": set(range(n // 3, 2 * n // 3)),
+        "middle third": set(range(n // 3, 2 * n // 3)),
     }
     hits = {name: 0 for name in configs}
     total = 0
