@@ -13,9 +13,16 @@ APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 setup: $(VENV)/.installed
 
 # torch is pinned to the local CPU wheel first: an unpinned resolution would pull a CUDA build.
+# llama.cpp is built without its llamafile (tinyBLAS) kernels: with them a k-token forward rounds
+# differently from k one-token forwards, and speculative output can part from plain decoding at a
+# near-tie. --no-cache-dir: a cached stock build of the same version would otherwise be reused.
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q --disable-pip-version-check \
+	  --no-cache-dir llama-cpp-python==0.3.36
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp]'
 	touch $@
 

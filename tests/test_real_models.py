@@ -6,38 +6,14 @@ minute per model); later runs load the cache in seconds.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
 import specdec
-from conftest import twin_rollback_walk
+from conftest import spec_bench_prompts, twin_rollback_walk
 from specdec.backends.hf import HFBackend
 
 pytestmark = pytest.mark.real
-
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
-FALLBACK_PROMPTS = {
-    "summarization": "Summarize: The city council met on Monday to discuss the new park. The park will "
-                     "have a playground, a pond and a garden. The council said the park will open in May. "
-                     "Residents said they were happy that the park will have a playground and a garden.",
-    "writing": "Write a short poem about the sea.",
-}
-
-
-def prompts() -> dict[str, str]:
-    """One summarization and one open-ended prompt from Spec-Bench (built-in ones if it is absent)."""
-    if not QUESTIONS.exists():
-        return FALLBACK_PROMPTS
-    found: dict[str, str] = {}
-    for line in QUESTIONS.read_text().splitlines():
-        q = json.loads(line)
-        if q["category"] in FALLBACK_PROMPTS and q["category"] not in found:
-            found[q["category"]] = q["turns"][0][:1500]  # keeps Gemma's prefill short
-    return found
-
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
 def real(request):
@@ -50,7 +26,7 @@ def test_rollback_is_exact(real):
 
 def test_rollback_across_gemma_sliding_window_is_exact(real):
     """Past 512 tokens Gemma's sliding layers must restore evicted rows (MODELS.md section 6)."""
-    ids = (real.encode(prompts()["summarization"]) * 3)[:506]
+    ids = (real.encode(spec_bench_prompts()["summarization"]) * 3)[:506]
     twins = [HFBackend(real.hf_model), HFBackend(real.hf_model)]
     for backend, draft in zip(twins, ([100, 200, 300, 400, 500, 600, 700, 800], [101, 201, 301, 401, 501, 601, 701, 801])):
         backend.prefill(ids)
@@ -65,7 +41,7 @@ def test_rollback_across_gemma_sliding_window_is_exact(real):
 
 @pytest.mark.parametrize("category", ["summarization", "writing"])
 def test_ngram_greedy_equals_plain(real, category):
-    ids = real.encode(prompts()[category], chat=real.has_chat_template)
+    ids = real.encode(spec_bench_prompts()[category], chat=real.has_chat_template)
     plain = real.generate(ids, max_new_tokens=40, drafter="none")
     for k in (1, 3, 8):
         spec = real.generate(ids, max_new_tokens=40, drafter="ngram", num_draft=k)
@@ -76,7 +52,7 @@ def test_ngram_greedy_equals_plain(real, category):
 def test_self_speculation_with_bf16_weights_is_exact(real, bf16_drafter):
     """A bf16 copy of the target as drafter (self-speculation): cheaper, same tokenizer, exact."""
     draft = bf16_drafter
-    ids = real.encode(prompts()["writing"], chat=real.has_chat_template)
+    ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
     plain = real.generate(ids, max_new_tokens=24, drafter="none")
     spec = real.generate(ids, max_new_tokens=24, drafter="model", draft_model=draft, num_draft=4)
     assert spec.token_ids == plain.token_ids
@@ -92,7 +68,7 @@ def bf16_drafter(real):
 
 def test_a_seed_gives_the_same_tokens_with_any_drafter(real, bf16_drafter):
     """The same seed, the same text: plain, n-gram and a model drafter (coupled verification)."""
-    ids = real.encode(prompts()["writing"], chat=real.has_chat_template)
+    ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
     kwargs = dict(max_new_tokens=24, temperature=0.8, seed=7)
     plain = real.generate(ids, drafter="none", **kwargs)
     ngram = real.generate(ids, drafter="ngram", num_draft=4, **kwargs)
@@ -105,7 +81,7 @@ def test_a_seed_gives_the_same_tokens_with_any_drafter(real, bf16_drafter):
 def test_the_target_drafting_for_itself_is_exact(real, drafter):
     """Self-speculation through the target's own layers and a small head: greedy and seeded
     sampling give plain decoding's tokens, and the head's drafts are mostly accepted."""
-    ids = real.encode(prompts()["writing"], chat=real.has_chat_template)
+    ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
     for kwargs in (dict(), dict(temperature=0.8, seed=7)):
         plain = real.generate(ids, max_new_tokens=32, drafter="none", **kwargs)
         spec = real.generate(ids, max_new_tokens=32, drafter=drafter, **kwargs)

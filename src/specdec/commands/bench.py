@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
-                                     check_sampling)
+                                     check_sampling, load_options)
 from specdec.errors import SpecdecError
 
 NAME = "bench"
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_context(resolve(args.model), args.max_new_tokens)  # after the cheap checks: it may download
     quiet_libraries()
-    model = load(args.model, dtype=args.dtype, backend=args.backend)
+    model = load(args.model, **load_options(args))
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     factory = MethodFactory(model, args.model, args.backend, args.dtype, sampling)
     methods = [factory.build(s) for s in specs]

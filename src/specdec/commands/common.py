@@ -39,6 +39,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="; ".join(f"{e.name}: {e.help}" for e in BACKENDS) + " (default: transformers)")
     dtypes = sorted({d for e in BACKENDS for d in e.dtypes})
     parser.add_argument("--dtype", default="float32", choices=dtypes, help="weights dtype (default: float32)")
+    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                        help="batch-invariant kernels, so speculative output equals plain decoding's token for "
+                             "token even at near-ties (llama.cpp: on by default where its build allows it; "
+                             "--no-exact runs its fastest kernels)")
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of :func:`specdec.load` that the model options chose."""
+    return dict(dtype=args.dtype, backend=args.backend, exact=args.exact)
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from specdec.commands.common import (add_drafting_options, add_model_options, add_sampling_options,
                                      check_context, check_drafting, check_positive, check_sampling,
-                                     quiet_libraries)
+                                     load_options, quiet_libraries)
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import load
 
     quiet_libraries()
-    model = load(args.model, dtype=args.dtype, backend=args.backend)
-    draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    model = load(args.model, **load_options(args))
+    draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.enable_memory(args.memory)
     kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,

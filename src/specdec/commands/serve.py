@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdec.commands.common import add_drafting_options, add_model_options, check_drafting, check_positive, \
-    quiet_libraries
+    load_options, quiet_libraries
 from specdec.errors import SpecdecError
 
 NAME = "serve"
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.app import ServeConfig, Server, serve_forever
 
     quiet_libraries()
-    model = load(args.model, dtype=args.dtype, backend=args.backend)
-    draft_model = load(args.draft_model, dtype=args.dtype, backend=args.backend) if args.draft_model else None
+    model = load(args.model, **load_options(args))
+    draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.enable_memory(args.memory)
     config = ServeConfig(drafter=args.drafter, num_draft=args.num_draft, policy=args.policy, tree=args.tree,

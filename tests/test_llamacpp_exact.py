@@ -1,0 +1,140 @@
+"""llama.cpp's exact kernels: batch-invariant logits, hence speculative output == plain output.
+
+With the exact kernels (``specdec.backends.llamacpp.EXACT``) a forward of k tokens gives, bit for
+bit, the logits of k one-token forwards, at any context and for every node of a draft tree; the
+fast kernels do not (the negative control), which is why speculation used to part from plain
+decoding at near-ties. These tests hold on any CPU: they compare llama.cpp with itself, on the
+same machine, in the same run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+import specdec  # noqa: E402
+from conftest import spec_bench_prompts  # noqa: E402
+from specdec import tree as trees  # noqa: E402
+from specdec.backends.llamacpp import has_llamafile, load_llamacpp  # noqa: E402
+from specdec.models import resolve  # noqa: E402
+
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(has_llamafile(), reason="this llama.cpp build has llamafile kernels "
+                                                         "(make setup builds it without)")]
+
+MODELS = ["smollm2-135m", "gemma3-270m"]
+PREFIX = 720  # long enough that windows cross 512 cached tokens (flash attention's split-KV path)
+
+
+def gguf(name: str) -> str:
+    return str(resolve(name, need_hf=False).gguf)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def weights(request):
+    w = load_llamacpp(gguf(request.param), n_ctx=2048)
+    assert w.exact
+    return w
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100, 30000) for _ in range(n)]
+
+
+def windows_identical(weights, seed: int = 0, count: int = 14) -> list[bool]:
+    """For random (context, k) windows: is one forward of k tokens bit-identical to k one-token
+    forwards? The cache is rolled back between windows (rollback is exact, tested elsewhere)."""
+    rng = random.Random(seed)
+    seq = random_tokens(rng, PREFIX + 8)
+    backend = weights.backend()
+    backend.prefill(seq[:PREFIX])
+    same = []
+    # Longest context first: each window only rolls the cache back further.
+    for start in sorted((rng.randrange(40, PREFIX) for _ in range(count)), reverse=True):
+        window = random_tokens(rng, rng.randrange(2, 9))
+        backend.truncate(start)
+        batched = backend.extend(window)
+        backend.truncate(start)
+        one_by_one = torch.cat([backend.extend([t]) for t in window])
+        same.append(torch.equal(batched, one_by_one))
+    return same
+
+
+def test_a_k_token_forward_equals_k_one_token_forwards_bit_for_bit(weights):
+    assert all(windows_identical(weights))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_fast_kernels_are_not_batch_invariant(name):
+    """Negative control: the same check fails with llama.cpp's fast kernels."""
+    fast = load_llamacpp(gguf(name), n_ctx=2048, exact=False)
+    assert not fast.exact
+    assert not all(windows_identical(fast))
+
+
+def test_every_tree_node_equals_one_token_forwards_along_its_path(weights):
+    """A draft tree in one forward (a sequence id per branch in the unified KV cache): each node's
+    logits equal those of feeding its root-to-node path one token at a time."""
+    rng = random.Random(1)
+    prefix = random_tokens(rng, 300)
+    parents = [-1, -1, 0, 0, 1, 2, 2, 3, 5, 5, 6, 9]
+    tokens = random_tokens(rng, len(parents))
+    backend = weights.backend()
+    backend.prefill(prefix)
+    tree_rows = backend.extend(tokens, tree=parents)
+    backend.truncate(len(prefix))
+    for leaf in trees.leaves(parents):
+        path = trees.path_to(parents, leaf)
+        backend.truncate(len(prefix))
+        rows = torch.cat([backend.extend([tokens[node]]) for node in path])
+        for row, node in zip(rows, path):
+            assert torch.equal(row, tree_rows[node]), (leaf, node)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request):
+    return specdec.load(request.param, backend="llamacpp")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(model):
+    chat = model.has_chat_template
+    texts = spec_bench_prompts(("summarization", "rag", "writing"))
+    return [model.encode(text, chat=chat) for text in texts.values()]
+
+
+SPECULATIVE = [dict(drafter="ngram"), dict(drafter="ngram", tree=True), dict(drafter="recycle"),
+               dict(drafter="recycle", tree=True), dict(drafter="ngram", policy="fixed", num_draft=4)]
+
+
+def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
+    accepted = 0
+    for ids in prompt_ids:
+        plain = model.generate(ids, drafter="none", max_new_tokens=40)
+        for kwargs in SPECULATIVE:
+            spec = model.generate(ids, max_new_tokens=40, **kwargs)
+            assert spec.token_ids == plain.token_ids, kwargs
+            accepted += spec.stats.accepted
+    assert accepted > 0  # drafts were verified and kept, not just declined
+
+
+def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
+    kwargs = dict(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11)
+    plain = model.generate(prompt_ids[0], drafter="none", **kwargs)
+    for spec_kwargs in SPECULATIVE[:3]:
+        assert model.generate(prompt_ids[0], **spec_kwargs, **kwargs).token_ids == plain.token_ids, spec_kwargs
+
+
+def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
+    """A draft model with the target's own weights and exact kernels proposes exactly the target's
+    tokens: everything drafted is accepted (with fast kernels a near-tie could reject one)."""
+    drafter = specdec.load(model.name, backend="llamacpp")
+    out = model.generate(prompt_ids[0], drafter="model", draft_model=drafter, policy="fixed", num_draft=3,
+                         max_new_tokens=24)
+    plain = model.generate(prompt_ids[0], drafter="none", max_new_tokens=24)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted
