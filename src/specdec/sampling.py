@@ -113,6 +113,15 @@ class Noise:
         return float(np.random.Generator(np.random.PCG64([self.seed, stream, position, index])).random())
 
 
+def argmax(row: torch.Tensor) -> int:
+    """The index of the first maximum of a 1-D tensor (as ``torch.argmax``). numpy's SIMD argmax
+    takes a tenth of torch's time on a CPU float32 row (0.02 vs 0.22 ms for 262k logits), which is
+    2% of a greedy llama.cpp step."""
+    if row.dtype == torch.float32 and row.device.type == "cpu" and not row.requires_grad:
+        return int(row.numpy().argmax())
+    return int(row.argmax())
+
+
 def random_seed() -> int:
     """A fresh 64-bit seed from the OS (for unseeded sampling; reported so it can be replayed)."""
     return int.from_bytes(os.urandom(8), "little")
@@ -153,13 +162,13 @@ class Sampler:
     def target_token(self, logits: torch.Tensor, position: int) -> int:
         """The target's token at sequence ``position`` given its logits ``[V]`` there."""
         if self.greedy:
-            return int(logits.argmax())
+            return argmax(logits)
         return self.draw(self.probs(logits), position, Noise.TARGET)
 
     def draft_token(self, q: torch.Tensor, position: int) -> int:
         """A drafter's token from its distribution ``q`` ``[V]`` (argmax when greedy)."""
         if self.greedy:
-            return int(q.argmax())
+            return argmax(q)
         return self.draw(q, position, Noise.TARGET if self.coupled else Noise.DRAFT)
 
     def draw(self, probs: torch.Tensor, position: int, stream: int) -> int:
