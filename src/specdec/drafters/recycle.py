@@ -24,6 +24,7 @@ from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_chain, best_first_tree
 from specdec.drafters.ngram import NgramDrafter, shared_table
 from specdec.registry import DraftRequest, drafter
+from specdec.topk import topk_indices
 from specdec.types import Draft, Verdict
 
 WIDTH = 4  # recycled candidates kept per token (and children per tree node)
@@ -51,7 +52,7 @@ class RecycleDrafter(Drafter):
         self.ngram.close()
 
     def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
-        top = logits.topk(min(self.width, logits.shape[-1]), dim=-1).indices.tolist()
+        top = topk_indices(logits, self.width).tolist()
         for token, row in zip(fed, top):
             self.next[token] = row
 
