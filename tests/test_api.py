@@ -242,10 +242,11 @@ def test_a_failing_generation_gives_its_backend_back(tiny, counted_pool):
 
 
 OLD_CURVE = json.dumps({str(n): 0.01 for n in range(1, 17)}).encode()  # before the shape-switch cost
+ABSOLUTE_SWITCH = json.dumps({**{str(n): 0.01 for n in range(1, 17)}, "switch": 0.048}).encode()  # seconds
 
 
 @pytest.mark.parametrize("garbage", [b"\xff\xfe not even utf-8", b"{ truncated", b"[1, 2]", b'{"1": "nan"}',
-                                     b'{"1": -0.5}', b"{}", OLD_CURVE])
+                                     b'{"1": -0.5}', b"{}", OLD_CURVE, ABSOLUTE_SWITCH])
 def test_a_corrupt_cost_cache_is_measured_again(tmp_path, monkeypatch, garbage):
     from specdec import costs
     from specdec.backends.toy import ToyLM

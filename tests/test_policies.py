@@ -137,7 +137,29 @@ def test_the_switch_is_learned_from_one_row_forwards_right_after_bigger_ones():
     fresh.observe(0, 0, 2.0)
     assert costs.switch == pytest.approx(0.3, rel=0.02) and costs.unit == pytest.approx(1.0)
     fresh.observe(0, 0, 2.0)
-    assert costs.switch == pytest.approx(0.3, rel=0.02) and costs.unit > 1.0
+    assert costs.unit > 1.0 and costs.switch / costs.unit == pytest.approx(0.3, rel=0.02)  # it follows the unit
+
+
+def test_a_calibration_taken_under_load_is_bounded_so_the_policy_can_still_draft():
+    """Measured while another process held the cores: 7 rows at 9.9x one row and a shape switch of
+    three forwards. Neither can be true of the machine; believed, no draft would ever pay again
+    (and the policy would never learn otherwise). Bounded: n rows cost at most 1.25 n forwards,
+    a switch at most half of one, and a near-certain chain is verified."""
+    seconds = {1: 0.0155, 2: 0.0304, 3: 0.0338, 7: 0.1538}
+    costs = CostModel(seconds, switch=0.048)
+    assert costs.ratio(7) == pytest.approx(7 * CostModel.ROWS_BOUND)
+    assert costs.switch == pytest.approx(CostModel.MAX_SWITCH * costs.unit)
+    assert AdaptiveK(costs).choose(draft([0.99] * 6)) > 0
+    costs.observe(7, 0.5)  # online observations are bounded the same way
+    assert costs.ratio(7) <= 7 * CostModel.ROWS_BOUND
+
+
+def test_the_switch_follows_the_unit():
+    costs = CostModel({1: 1.0, 2: 1.8}, switch=0.3)
+    for _ in range(40):
+        costs.observe(1, 0.5)  # the machine got twice as fast (or the calibration was taken under load)
+    assert costs.unit == pytest.approx(0.5, rel=0.02)
+    assert costs.switch == pytest.approx(0.15, rel=0.02)
 
 
 def test_measure_switch_restores_the_cache():

@@ -8,9 +8,8 @@ token, so whether a draft pays depends on this curve; the adaptive policy and ``
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
+import math
 from collections.abc import Sequence
 
 from specdec.backends.base import Backend
@@ -18,10 +17,11 @@ from specdec.cache import JsonCache
 
 def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Sequence[int],
                           repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one ``extend`` of n tokens after ``context``, for each n in ``sizes``.
+    """Fastest seconds of one ``extend`` of n tokens after ``context``, for each n in ``sizes``.
 
-    Sizes are interleaved within each repeat so machine noise hits all of them alike; the cache is
-    rolled back to ``context`` after every forward.
+    Sizes are interleaved within each repeat so machine noise hits all of them alike, and the
+    fastest repeat counts (noise only ever adds time: another process on the cores can double a
+    median); the cache is rolled back to ``context`` after every forward.
     """
     base, pool = _at(backend, context)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
@@ -34,7 +34,7 @@ def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Seque
             backend.extend(tokens)
             samples[n].append(time.perf_counter() - t0)
             backend.truncate(base)
-    return {n: statistics.median(v) for n, v in samples.items()}
+    return {n: min(v) for n, v in samples.items()}
 
 
 def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, other: int = 4) -> tuple[float, float]:
@@ -56,8 +56,8 @@ def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, o
         backend.extend(pool[:1])
         (steady if before == 1 else after).append(time.perf_counter() - t0)
         backend.truncate(base)
-    one = statistics.median(steady)
-    return one, max(0.0, statistics.median(after) - one)
+    one = min(steady)
+    return one, max(0.0, min(after) - one)
 
 
 def _at(backend: Backend, context: Sequence[int]) -> tuple[int, list[int]]:
@@ -104,6 +104,12 @@ class CostModel:
     RATIO_WEIGHT = 0.1
     SWITCH_WEIGHT = 0.1
     CLIP = 1.5  # one observation moves an estimate by at most this factor (before averaging)
+    # Bounds that no machine's honest measurement exceeds: a forward of n tokens costs at most
+    # ROWS_BOUND x n one-token forwards, and a shape switch at most MAX_SWITCH of one. A calibration
+    # taken while another process held the cores can read far above them, and a policy that
+    # believed it would never draft again, so never learn otherwise.
+    ROWS_BOUND = 1.25
+    MAX_SWITCH = 0.5
 
     def __init__(self, seconds: dict[int, float], switch: float = 0.0) -> None:
         if not seconds:
@@ -113,11 +119,19 @@ class CostModel:
         self.measured = dict(sorted(seconds.items()))  # the calibration, as measured
         first = next(iter(self.measured))
         self._unit = Ema(self.measured[first] / first, self.UNIT_WEIGHT, self.CLIP)
-        self._ratios = {n: Ema(s / self.unit, self.RATIO_WEIGHT, self.CLIP) for n, s in self.measured.items()}
-        # Extra seconds of a one-token forward right after a forward of another size (the backend
-        # re-plans for the new shape): the price a draft step adds to the plain step after it.
-        self._switch = Ema(max(0.0, switch), self.SWITCH_WEIGHT, math.inf)  # bounded in observe
+        self._ratios = {n: Ema(self._bounded(n, s / self.unit), self.RATIO_WEIGHT, self.CLIP)
+                        for n, s in self.measured.items()}
+        # Extra time of a one-token forward right after a forward of another size (the backend
+        # re-plans for the new shape), as a fraction of the unit so that it follows the unit: the
+        # price a draft step adds to the plain step after it.
+        self._switch = Ema(self._switch_fraction(switch), self.SWITCH_WEIGHT, math.inf)  # bounded in observe
         self.observations = 0
+
+    def _bounded(self, n: int, ratio: float) -> float:
+        return min(max(ratio, min(n, 1.0)), self.ROWS_BOUND * n)
+
+    def _switch_fraction(self, seconds: float) -> float:
+        return min(max(seconds / self.unit, 0.0), self.MAX_SWITCH)
 
     @property
     def unit(self) -> float:
@@ -127,7 +141,7 @@ class CostModel:
     @property
     def switch(self) -> float:
         """Extra seconds of a one-token forward right after a forward of another size."""
-        return self._switch.value
+        return self._switch.value * self.unit
 
     @property
     def seconds(self) -> dict[int, float]:
@@ -167,15 +181,15 @@ class CostModel:
             return
         self.observations += 1
         if n == 1 and after is not None and after > 1:
-            # An absolute extra that may be 0: bounded by the unit instead of relative clipping.
-            self._switch.add(min(max(seconds - self.unit, 0.0), self.unit))
+            # An extra that may be 0: bounded absolutely instead of by relative clipping.
+            self._switch.add(self._switch_fraction(seconds - self.unit))
         elif n == 1:
             self._unit.add(seconds)
         else:
             ema = self._ratios.get(n)
             if ema is None:  # a size never calibrated starts from the curve's interpolation
                 ema = self._ratios[n] = Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)
-            ema.add(seconds / self.unit)
+            ema.add(self._bounded(n, seconds / self.unit))
 
 
 CALIBRATION_SIZES = tuple(range(1, 17))
@@ -194,21 +208,22 @@ def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int 
         # The interleaved sizes time every one-token forward right after another shape; the
         # unit is the steady one-token forward of plain decoding, the difference is the switch.
         seconds[1], switch = measure_switch(backend, context, repeats)
-        cache.store({**{str(n): s for n, s in seconds.items()}, SWITCH_KEY: switch})
+        cache.store({**{str(n): s for n, s in seconds.items()}, SWITCH_KEY: switch / seconds[1]})
     else:
-        seconds, switch = found
+        seconds, fraction = found
+        switch = fraction * seconds[1]
     return CostModel(seconds, switch)
 
 
-SWITCH_KEY = "switch"
+SWITCH_KEY = "switch_fraction"  # of a one-token forward (files with an absolute "switch" are re-measured)
 
 
 def _parse_seconds(raw) -> tuple[dict[int, float], float]:
     raw = dict(raw)
-    switch = float(raw.pop(SWITCH_KEY))
+    switch = float(raw.pop(SWITCH_KEY))  # KeyError for an older file: measured again
     seconds = {int(n): float(s) for n, s in raw.items()}
     if set(seconds) != set(CALIBRATION_SIZES) or any(not (0 < s < 1e3) for s in seconds.values()):
         raise ValueError("not a cost curve of this version")
     if not 0 <= switch < 1e3:
-        raise ValueError("not a shape-switch cost")
+        raise ValueError("not a shape-switch fraction")
     return seconds, switch
