@@ -5,6 +5,8 @@ The public surface: :func:`load` a model, then :meth:`Model.generate`; or, below
 policies and backends are registered by name in :mod:`specdec.registry`.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from specdec.api import Model, Output, load
 from specdec.backends.base import Backend
 from specdec.drafters.base import Drafter, NoDrafter
@@ -18,6 +20,11 @@ from specdec.policies.fixed import FixedK
 from specdec.sampling import Sampler, SamplingParams
 from specdec.stats import GenerationStats
 from specdec.types import Draft, StepTrace, Verdict
+
+try:
+    __version__ = version("specdec")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AdaptiveK", "Backend", "DecodeConfig", "DecodeRun", "Draft", "DraftPolicy", "Drafter", "FixedK",

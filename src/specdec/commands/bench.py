@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         if BASELINES[family] not in [m.name for m in methods]:
             methods.insert(0, factory.build(BASELINES[family]))
     console = Console(stderr=True)
-    results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype,
+    results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "exact": model.exact,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                     "repeats": args.repeats, "cpu": machine_tag(), "methods": {}}
+                     "repeats": args.repeats, "cpu": machine_tag(), **provenance(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         if bench.failed:
@@ -100,6 +100,26 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"wrote {out / 'results.json'}" + (" and plots" if methods else ""))
     return 0
+
+
+def provenance() -> dict:
+    """What reproduces a result file: the command line, the specdec version and the git commit
+    (with ``+dirty`` when the checkout had changes), and when it ran."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    import specdec
+
+    here = Path(specdec.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty=+dirty", "--abbrev=12"],
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"command": "specdec " + shlex.join(sys.argv[1:]), "version": specdec.__version__, "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
 def _output_folder(name: str) -> Path:
