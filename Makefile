@@ -1,7 +1,7 @@
 # Two entry points (see README): `make demo` sets up and runs the main job, `make test` runs the tests.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-PROMPT  ?= Repeat the following sentence three times: The quick brown fox jumps over the lazy dog.
+PROMPT  ?= Explain in a few paragraphs why the sky is blue.
 MODEL   ?= smollm2-135m
 
 .PHONY: setup demo test browser
@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/specdec generate "$(PROMPT)" --model $(MODEL) --chat --compare --max-new-tokens 96
+	$(VENV)/bin/specdec generate "$(PROMPT)" --model $(MODEL) --backend llamacpp --chat --compare --max-new-tokens 160
 
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
