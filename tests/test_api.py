@@ -68,8 +68,8 @@ def test_token_id_prompts_are_accepted(tiny):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(num_draft=0), "draft tokens"),
-    (dict(max_new_tokens=0), "max new tokens"),
+    (dict(num_draft=0), "num_draft must be >= 1, got 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
     (dict(temperature=-2), "temperature"),
     (dict(drafter="model"), "needs a draft model"),
     (dict(drafter="medusa"), "unknown drafter"),

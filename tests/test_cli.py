@@ -107,9 +107,9 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "/nonexistent/dir/model.gguf"], "not found"),
     (["generate", "", "--model", "TINY"], "prompt is empty"),
     (["generate", "   ", "--model", "TINY"], "prompt is empty"),
-    (["generate", "hi", "--model", "TINY", "--num-draft", "0"], "--num-draft"),
-    (["generate", "hi", "--model", "TINY", "--num-draft", "-3"], "--num-draft"),
-    (["generate", "hi", "--model", "TINY", "--num-draft", "two"], "invalid int"),
+    (["generate", "hi", "--model", "TINY", "--num-draft", "0"], "num_draft must be >= 1, got 0"),
+    (["generate", "hi", "--model", "TINY", "--num-draft", "-3"], "num_draft must be >= 1, got -3"),
+    (["generate", "hi", "--model", "TINY", "--num-draft", "two"], "num_draft must be a whole number, got 'two'"),
     (["generate", "hi", "--model", "TINY", "--temperature", "-1"], "temperature"),
     (["generate", "hi", "--model", "TINY", "--temperature", "inf"], "temperature must be a finite number"),
     (["generate", "hi", "--model", "TINY", "--temperature", "nan"], "temperature must be a finite number"),
@@ -117,16 +117,16 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "TINY", "--temperature", "1", "--seed", "-1"], "seed must be"),
     # What Python makes of a non-UTF-8 byte in argv (surrogateescape).
     (["generate", "caf\udcff", "--model", "TINY"], "not valid UTF-8"),
-    (["generate", "hi", "--model", "TINY", "--top-p", "0"], "top-p"),
-    (["generate", "hi", "--model", "TINY", "--top-p", "1.5"], "top-p"),
-    (["generate", "hi", "--model", "TINY", "--top-k", "-2"], "top-k"),
-    (["generate", "hi", "--model", "TINY", "--max-new-tokens", "0"], "--max-new-tokens"),
-    (["generate", "hi", "--model", "TINY", "--drafter", "magic"], "invalid choice"),
+    (["generate", "hi", "--model", "TINY", "--top-p", "0"], "top_p must be in"),
+    (["generate", "hi", "--model", "TINY", "--top-p", "1.5"], "top_p must be in"),
+    (["generate", "hi", "--model", "TINY", "--top-k", "-2"], "top_k must be"),
+    (["generate", "hi", "--model", "TINY", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["generate", "hi", "--model", "TINY", "--drafter", "magic"], "unknown drafter 'magic'"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model"], "--draft-model"),
     (["generate", "hi", "--model", "TINY", "--draft-model", "TINY"], "only used with a drafter that runs a model"),
     (["vocab", "--model", "TINY", "--draft-model", "/no/such/folder/"], "not found"),
     (["vocab", "--model", "TINY"], "--draft-model"),
-    (["generate", "hi", "--model", "TINY", "--tree", "--num-draft", "0"], "--num-draft"),
+    (["generate", "hi", "--model", "TINY", "--tree", "--num-draft", "0"], "num_draft must be >= 1"),
     (["generate", "hi", "--model", "TINY", "--drafter", "model", "--draft-model", "/no/such/folder/"], "not found"),
     (["generate", "hi", "--model", "NOTGGUF"], "not a .gguf file"),
     (["generate", "hi", "--model", "EMPTYDIR"], "without a config.json"),
@@ -161,7 +161,7 @@ def test_installed_entry_point_reports_errors_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--num-draft", "0"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert proc.stderr.strip() == "error: --num-draft must be >= 1, got 0"
+    assert proc.stderr.strip() == "error: num_draft must be >= 1, got 0"
 
 
 def test_missing_registry_gives_a_clear_error(tmp_path, monkeypatch):

@@ -92,4 +92,4 @@ def test_cli_memory_file_is_written_and_reused(capsys, tmp_path, tiny_model_dir)
 
 def test_cli_refuses_a_memory_path_in_a_missing_folder(capsys, tmp_path, no_loading, tiny_model_dir):
     code = main(["generate", "hi", "--model", str(tiny_model_dir), "--memory", str(tmp_path / "no" / "m.json")])
-    assert code == 2 and "--memory needs a file" in capsys.readouterr().err
+    assert code == 2 and "memory must be a file in an existing folder" in capsys.readouterr().err

@@ -47,9 +47,9 @@ def test_transform_is_row_wise_on_batches():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=-0.1), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
-    (dict(top_k=-1), "top-k"),
-    (dict(top_p=0.0), "top-p"),
-    (dict(top_p=1.5), "top-p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
 ])
 def test_bad_parameters_are_refused(kwargs, message):
     with pytest.raises(SpecdecError, match=message):

@@ -8,6 +8,8 @@ policies and backends are registered by name in :mod:`specdec.registry`.
 from importlib.metadata import PackageNotFoundError, version
 
 from specdec.api import Model, Output, load
+from specdec.context import DraftContext, LearnedSlot
+from specdec.options import GenerationOptions, Option
 from specdec.backends.base import Backend
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.drafters.model import ModelDrafter
@@ -27,7 +29,8 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "AdaptiveK", "Backend", "DecodeConfig", "DecodeRun", "Draft", "DraftPolicy", "Drafter", "FixedK",
-    "Generation", "GenerationStats", "Model", "ModelDrafter", "NgramDrafter", "NoDrafter", "Output", "Sampler",
-    "SamplingParams", "SpecdecError", "StepTrace", "Verdict", "decode", "load",
+    "AdaptiveK", "Backend", "decode", "DecodeConfig", "DecodeRun", "Draft", "DraftContext", "Drafter",
+    "DraftPolicy", "FixedK", "Generation", "GenerationOptions", "GenerationStats", "LearnedSlot", "load",
+    "Model", "ModelDrafter", "NgramDrafter", "NoDrafter", "Option", "Output", "Sampler", "SamplingParams",
+    "SpecdecError", "StepTrace", "Verdict",
 ]

@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.backends.base import Backend
+from specdec.context import DraftContext, Learned, LearnedSlot
 from specdec.costs import CostModel, calibrated
 from specdec.cpu import machine_tag
 from specdec.drafters.base import Drafter
 from specdec.drafters.memory import NgramMemory
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.errors import SpecdecError
+from specdec.options import GenerationOptions
 from specdec.models import DEFAULT_MODEL, Reporter, no_progress_bars, resolve
 from specdec.policies.base import DraftPolicy
 from specdec.policies.fixed import FixedK
 from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, DRAFTERS, POLICIES, DraftRequest, LoadRequest, PolicyRequest
-from specdec.sampling import SamplingParams
 from specdec.stats import GenerationStats
 from specdec.text import StopStrings, TextCodec, TextDeltas
 from specdec.types import StepTrace
@@ -120,7 +121,7 @@ class Model:
         self.cost_key = cost_key
         self.hf_model = hf_model
         self._costs: CostModel | None = None
-        self._shared: dict[str, Any] = {}
+        self._learned = Learned()
         self._logit_width: int | None = None
         self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
         self.memory: NgramMemory | None = None  # earlier outputs for the n-gram drafters (enable_memory)
@@ -184,30 +185,46 @@ class Model:
 
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
         """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""
-        if key not in self._shared:
-            self._shared[key] = make()
-        return self._shared[key]
+        return self._learned.get(LearnedSlot(key, make))
 
     @property
-    def learned(self) -> dict[str, Any]:
-        """Everything :meth:`shared` holds. A benchmark swaps it per method (and restores it per
-        repeat), so that no method drafts from what another learned on the same question."""
-        return self._shared
+    def learned(self) -> Learned:
+        """Everything drafters learned on this model, by slot. A benchmark swaps it per method (and
+        restores it per repeat), so that no method drafts from what another learned."""
+        return self._learned
 
     @learned.setter
-    def learned(self, state: dict[str, Any]) -> None:
-        self._shared = state
+    def learned(self, state: Learned | dict[str, Any]) -> None:
+        self._learned = state if isinstance(state, Learned) else Learned(state)
 
-    def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None, tree: bool = False) -> Drafter:
+    def draft_context(self) -> DraftContext:
+        """What a drafter may use of this model (see :class:`specdec.context.DraftContext`)."""
+        from specdec.context import LayerAccess
+
+        def logit_width() -> int:
+            return self.logit_width
+
+        with self.pool.lease() as backend:
+            layers = isinstance(backend, LayerAccess)
+        return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self._learned,
+                            logit_width, self.memory, self.backend_name, layers)
+
+    def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None,
+                options: GenerationOptions | None = None, *, tree: bool | None = None) -> Drafter:
         """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself.
 
+        ``options`` are the generation's (the drafter reads its own declared options there);
         ``tree=True`` lets the drafter branch (drafters that only draft chains ignore it)."""
         if isinstance(kind, Drafter):
             return kind
         entry = DRAFTERS.get(kind)
         if entry.needs_draft_model and draft_model is None:
             raise SpecdecError(f"the {kind} drafter needs a draft model (--draft-model)")
-        return entry.build(DraftRequest(self, draft_model, tree=tree))
+        options = options or GenerationOptions(drafter=kind)
+        if tree is not None:
+            options = options.with_(tree=tree)
+        return entry.build(DraftRequest(self.draft_context(),
+                                        draft_model.draft_context() if draft_model is not None else None, options))
 
     def policy(self, policy: str | DraftPolicy = "adaptive", num_draft: int | None = None) -> DraftPolicy:
         """A draft-length policy by registered name (``specdec.registry.POLICIES``), or ``policy``."""
@@ -225,34 +242,46 @@ class Model:
         return self._costs
 
     # -- generation -----------------------------------------------------------------------------
-    def start(self, prompt: str | Sequence[int], *, max_new_tokens: int = 64,
-              drafter: str | Drafter = "ngram", draft_model: Model | None = None,
-              num_draft: int | None = None, policy: str | DraftPolicy = "adaptive", temperature: float = 0.0,
-              top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-              stop: str | Sequence[str] | None = None, chat: bool = False, verify: str = "coupled",
-              trace: bool = False, tree: bool = False) -> DecodeRun:
+    def options(self, options: GenerationOptions | None = None, **kwargs: Any) -> GenerationOptions:
+        """Validated generation options: ``options`` (or the defaults) with ``kwargs`` over them.
+        A drafter object in ``drafter=`` is allowed (it is not an option value) and kept aside."""
+        kwargs.pop("drafter", None) if isinstance(kwargs.get("drafter"), Drafter) else None
+        kwargs.pop("policy", None) if isinstance(kwargs.get("policy"), DraftPolicy) else None
+        return GenerationOptions.of(kwargs, options).validate()
+
+    def start(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, *,
+              draft_model: Model | None = None, chat: bool = False, trace: bool = False, **kwargs: Any) -> DecodeRun:
         """Prepare a generation without running it: iterate the result to stream steps.
 
-        ``policy`` chooses the draft length (see :meth:`policy`); ``num_draft`` bounds it (with
-        ``tree=True``, the draft may branch and ``num_draft`` bounds its number of nodes).
+        ``options`` (:class:`specdec.options.GenerationOptions`) or its fields as keywords
+        (``max_new_tokens``, ``drafter``, ``num_draft``, ``policy``, ``tree``, ``verify``,
+        ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop``, and any drafter's own options);
+        keywords override ``options``. ``drafter`` and ``policy`` may also be objects.
         ``verify`` is ``coupled`` (default: the same seed gives the same text with any drafter) or
-        ``rejection`` (classic rejection sampling for model drafters). ``trace`` records each
-        step's probabilities (p, q and min(1, p/q)) in the step records.
+        ``rejection`` (classic rejection sampling for model drafters). ``chat`` wraps a text
+        prompt in the chat template; ``trace`` records each step's probabilities (p, q and
+        min(1, p/q)) in the step records.
         """
-        sampling = SamplingParams(temperature, top_k, top_p, seed)
-        stops = StopStrings(stop, self.codec)
+        drafter_obj = kwargs.get("drafter") if isinstance(kwargs.get("drafter"), Drafter) else None
+        policy_obj = kwargs.get("policy") if isinstance(kwargs.get("policy"), DraftPolicy) else None
+        opts = self.options(options, **kwargs)
+        if drafter_obj is not None:
+            opts = opts.with_(drafter=drafter_obj.name) if drafter_obj.name in DRAFTERS else opts
+        stops = StopStrings(list(opts.stop), self.codec)
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
-        config = DecodeConfig(max_new_tokens, sampling, self.eos_token_ids, stops.hit if stops else None,
-                              verify, trace)
-        made = self.drafter(drafter, draft_model, tree)
+        config = DecodeConfig(opts.max_new_tokens, opts.sampling, self.eos_token_ids, stops.hit if stops else None,
+                              opts.verify, trace)
+        made = drafter_obj or self.drafter(opts.drafter, draft_model, opts)
         try:
-            chosen = self.policy(policy, num_draft) if made.name != "none" else FixedK(1)
+            chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.name != "none" else FixedK(1)
             backend = self.pool.take()
             try:
-                return DecodeRun(backend, ids, config, made, chosen, release=self.pool.give)
+                run = DecodeRun(backend, ids, config, made, chosen, release=self.pool.give)
             except BaseException:
                 self.pool.give(backend)
                 raise
+            run.options = opts
+            return run
         except BaseException:
             made.close()
             raise
@@ -264,7 +293,7 @@ class Model:
         whatever the drafter; with sampling and a seed, the tokens of plain seeded decoding.
         """
         run = self.start(prompt, **kwargs)
-        return self.finish(run, run.run(), kwargs.get("stop"))
+        return self.finish(run, run.run(), run.options.stop)
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[tuple[StepTrace, str]]:
         """Yield ``(step, new_text)`` per target forward.
@@ -274,7 +303,7 @@ class Model:
         generation and frees its backend.
         """
         run = self.start(prompt, **kwargs)
-        deltas = TextDeltas(self.codec, StopStrings(kwargs.get("stop"), self.codec))
+        deltas = TextDeltas(self.codec, StopStrings(list(run.options.stop), self.codec))
         steps = iter(run)
         try:
             for step in steps:

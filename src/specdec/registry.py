@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specdec.errors import SpecdecError
@@ -33,6 +33,10 @@ class Registry(Generic[E]):
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = entry
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (tests that register an entry of their own clean up with it)."""
+        self._entries.pop(name, None)
 
     def get(self, name: str) -> E:
         """The entry called ``name``; a clear error listing the choices otherwise."""
@@ -65,12 +69,23 @@ class Registry(Generic[E]):
 # -- drafters -----------------------------------------------------------------------------------
 @dataclass
 class DraftRequest:
-    """What a drafter may be built from: the target model, an optional draft model, options."""
+    """What a drafter may be built from: the target's :class:`~specdec.context.DraftContext`, the
+    draft model's (for drafters that run one) and the generation's options (its own declared
+    options included: ``request.options["name"]``)."""
 
-    target: Any  # specdec.api.Model
-    draft_model: Any | None = None  # specdec.api.Model
-    tree: bool = False
-    options: dict = field(default_factory=dict)
+    target: Any  # specdec.context.DraftContext
+    draft: Any | None = None  # specdec.context.DraftContext
+    options: Any = None  # specdec.options.GenerationOptions
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            from specdec.options import GenerationOptions
+
+            self.options = GenerationOptions()
+
+    @property
+    def tree(self) -> bool:
+        return bool(self.options.tree)
 
 
 @dataclass(frozen=True)
@@ -82,16 +97,21 @@ class DrafterEntry:
     order: int = 50
     # The draft model must share the target's vocabulary (the CLI checks this before loading).
     same_vocabulary: bool = False
+    options: tuple = ()  # specdec.options.Option: the drafter's own options
 
 
 DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
 
 
 def drafter(name: str, help: str, *, needs_draft_model: bool = False, same_vocabulary: bool = False,
-            order: int = 50):
-    """Register the decorated ``build(request) -> Drafter`` function under ``name``."""
+            order: int = 50, options: Sequence[Any] = ()):
+    """Register the decorated ``build(request) -> Drafter`` function under ``name``; ``options``
+    (:class:`specdec.options.Option`) are the drafter's own, offered by every front end."""
     def register(build: Callable[[DraftRequest], Any]):
-        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary))
+        from specdec import options as opts
+
+        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, tuple(options)))
+        opts.register(options, name)
         return build
     return register
 

@@ -41,9 +41,9 @@ class SamplingParams:
         if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
             raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecdecError(f"top-k must be a whole number >= 0 (0 disables it), got {self.top_k}")
+            raise SpecdecError(f"top_k must be a whole number >= 0 (0 disables it), got {self.top_k}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise SpecdecError(f"top-p must be in (0, 1], got {self.top_p}")
+            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed <= MAX_SEED):
             raise SpecdecError(f"seed must be a whole number from 0 to 2**64-1, got {self.seed}")

@@ -85,8 +85,17 @@ class HFBackend(Backend):
         """The full LM head (with the model's final soft-capping, if any) over hidden states."""
         with torch.inference_mode():
             logits = self.model.get_output_embeddings()(hidden).float()
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        cap = self.logit_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's weight ``[V, H]`` (:class:`specdec.context.LayerAccess`)."""
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def logit_softcap(self) -> float | None:
+        return getattr(self.model.config, "final_logit_softcapping", None)
 
     def _forward_body(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long)

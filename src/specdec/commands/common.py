@@ -50,61 +50,48 @@ def load_options(args: argparse.Namespace) -> dict:
     return dict(dtype=args.dtype, backend=args.backend, exact=args.exact)
 
 
+SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 = off (default)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed for sampling (0..2**64-1): the same seed gives the same text with any drafter")
+    """The sampling flags alone (``specdec bench``: the drafting options are in its method specs)."""
+    from specdec import options
+
+    drafting = [o.name for o in options.all_options() if o.name not in SAMPLING]
+    options.add_arguments(parser, skip=tuple(drafting))
 
 
-def add_drafting_options(parser: argparse.ArgumentParser) -> None:
-    from specdec.registry import DRAFTERS, POLICIES
-    from specdec.sampling import VERIFY_MODES
+def add_generation_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), **defaults) -> None:
+    """Every generation option (and model options such as ``--memory``) as flags, plus
+    ``--draft-model``; from the specs in :mod:`specdec.options`, drafters' own options included."""
+    from specdec import options
 
-    parser.add_argument("--drafter", default="ngram", choices=DRAFTERS.names(),
-                        help="; ".join(f"{e.name}: {e.help}" for e in DRAFTERS) + " (default: ngram)")
     parser.add_argument("--draft-model", help="the drafter's model, for drafters that use one")
-    parser.add_argument("--num-draft", type=int, default=None, metavar="K",
-                        help="draft tokens per step: the most with --policy adaptive, exactly K with --policy fixed")
-    parser.add_argument("--tree", action="store_true",
-                        help="let the draft branch (verified in one target forward with a tree attention mask); "
-                             "--num-draft then bounds its number of nodes")
-    parser.add_argument("--memory", metavar="FILE",
-                        help="let the n-gram drafters also draft from earlier outputs kept in FILE (read if it exists, "
-                             "written back at the end; bounded)")
-    parser.add_argument("--policy", default="adaptive", choices=POLICIES.names(),
-                        help="; ".join(f"{e.name}: {e.help}" for e in POLICIES) + " (default: adaptive)")
-    parser.add_argument("--verify", default="coupled", choices=VERIFY_MODES,
-                        help="how sampled drafts are verified: coupled (default; the drafter shares the target's "
-                             "per-position noise, so a seed gives the same text with any drafter) or rejection "
-                             "(rejection sampling, min(1, p/q)); both are lossless")
+    options.add_arguments(parser, skip=skip, defaults=defaults)
 
 
-def check_sampling(args: argparse.Namespace) -> None:
-    from specdec.sampling import SamplingParams
+def generation_options(args: argparse.Namespace):
+    """The validated :class:`~specdec.options.GenerationOptions` the flags chose; also checks the
+    model options, the draft model's presence and the dtype (before any model loads)."""
+    from specdec import options
+    from specdec.registry import BACKENDS, DRAFTERS
 
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # validates the ranges
-
-
-def check_drafting(args: argparse.Namespace) -> None:
-    from specdec.registry import DRAFTERS, BACKENDS
-
-    if args.num_draft is not None and args.num_draft < 1:
-        raise SpecdecError(f"--num-draft must be >= 1, got {args.num_draft}")
-    entry = DRAFTERS.get(args.drafter)
-    if entry.needs_draft_model and not args.draft_model:
-        raise SpecdecError(f"--drafter {args.drafter} needs --draft-model")
-    if args.draft_model and not entry.needs_draft_model:
+    chosen = options.from_args(args)
+    for opt in options.all_options():
+        if opt.scope == "model" and hasattr(args, opt.name):
+            wrong = opt.problem(getattr(args, opt.name))
+            if wrong:
+                raise SpecdecError(wrong)
+    entry = DRAFTERS.get(chosen.drafter)
+    draft_model = getattr(args, "draft_model", None)
+    if entry.needs_draft_model and not draft_model:
+        raise SpecdecError(f"--drafter {chosen.drafter} needs --draft-model")
+    if draft_model and not entry.needs_draft_model:
         raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
                            f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
-    if args.memory is not None:
-        from pathlib import Path
-
-        if Path(args.memory).is_dir() or not Path(args.memory).parent.is_dir():
-            raise SpecdecError(f"--memory needs a file in an existing folder, got {args.memory!r}")
     if args.dtype not in BACKENDS.get(args.backend).dtypes:
         raise SpecdecError(f"--dtype {args.dtype} is not available on the {args.backend} backend")
+    return chosen
 
 
 def check_positive(value: int, flag: str) -> None:

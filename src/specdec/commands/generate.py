@@ -7,8 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from specdec.commands.common import (add_drafting_options, add_model_options, add_sampling_options,
-                                     check_context, check_drafting, check_positive, check_sampling,
+from specdec.commands.common import (add_generation_options, add_model_options, check_context, generation_options,
                                      load_options, quiet_libraries)
 from specdec.errors import SpecdecError
 
@@ -26,11 +25,7 @@ def add_parser(sub) -> None:
                                      "generated text; metrics go to stderr.")
     gen.add_argument("prompt", help="the prompt text")
     add_model_options(gen)
-    add_drafting_options(gen)
-    add_sampling_options(gen)
-    gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="default: 128")
-    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                     help="stop when this text appears (repeatable; not included in the output)")
+    add_generation_options(gen, max_new_tokens=128)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding and report the speed-up (and whether the tokens match)")
@@ -48,9 +43,7 @@ def check_args(args: argparse.Namespace) -> None:
     from specdec.text import check_prompt
 
     check_prompt(args.prompt)
-    check_positive(args.max_new_tokens, "--max-new-tokens")
-    check_sampling(args)
-    check_drafting(args)
+    args.options = generation_options(args)
     if args.trace:
         from specdec.trace import check_path
 
@@ -67,7 +60,7 @@ def check_model_files(args: argparse.Namespace) -> None:
     check_context(resolved, args.max_new_tokens)
     if args.draft_model:
         draft = resolve(args.draft_model)  # an unknown draft model fails before the target loads
-        check_draft_vocabulary(args.drafter, draft, resolved)
+        check_draft_vocabulary(args.options.drafter, draft, resolved)
 
 
 def check_draft_vocabulary(drafter: str, draft: ResolvedModel, target: ResolvedModel) -> None:
@@ -90,15 +83,13 @@ def run(args: argparse.Namespace) -> int:
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.enable_memory(args.memory)
-    kwargs = dict(max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_model=draft_model,
-                  num_draft=args.num_draft, policy=args.policy, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, verify=args.verify,
-                  tree=args.tree)
+    options = args.options
+    kwargs = dict(options=options, draft_model=draft_model, chat=args.chat)
     prompt_ids = model.encode(args.prompt, chat=args.chat)
     baseline = None
     if args.compare:
-        model.generate(prompt_ids, **{**kwargs, "max_new_tokens": 2, "drafter": "none"})  # warm-up
-        baseline = model.generate(prompt_ids, **{**kwargs, "drafter": "none"})
+        model.generate(prompt_ids, **{**kwargs, "options": options.with_(max_new_tokens=2, drafter="none")})  # warm-up
+        baseline = model.generate(prompt_ids, **{**kwargs, "options": options.with_(drafter="none")})
     records = None
     if args.live:
         out, records = watched(model, draft_model, prompt_ids, kwargs)
@@ -107,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         model.memory.save(args.memory)
     if args.trace:
-        from specdec.trace import document, save
+        from specdec.trace import document
+        from specdec.views.files import save
 
-        settings = {k: kwargs[k] for k in ("drafter", "num_draft", "policy", "temperature", "top_k", "top_p",
+        settings = {k: options[k] for k in ("drafter", "num_draft", "policy", "temperature", "top_k", "top_p",
                                            "verify", "tree", "max_new_tokens")}
         doc = document(out, model, settings=settings, draft_model=draft_model, plain_step_s=plain_step_s(model),
                        records=records)
@@ -128,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     # The live view already showed the text on a terminal; a pipe or a file still gets exactly the text.
     if not (args.live and sys.stdout.isatty()):
         write_text(out.text)
-    print_generation(out, baseline, drafter=args.drafter, greedy=args.temperature == 0)
+    print_generation(out, baseline, drafter=options.drafter, greedy=options.greedy)
     if args.trace:
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0
@@ -143,14 +135,14 @@ def watched(model, draft_model, prompt_ids, kwargs):
     run = model.start(prompt_ids, **kwargs, trace=True)
     detok = Detokenizer(model.codec)
     draft_codec = own_codec(model, draft_model)
-    title = describe({"model": model.name, "backend": model.backend_name, "settings": kwargs,
+    title = describe({"model": model.name, "backend": model.backend_name, "settings": kwargs["options"].to_dict(),
                       "draft_model": draft_model.name if draft_model is not None else None})
     records = []
     with LiveView(plain_step_s=plain_step_s(model), title=title) as view:
         for step in run:
             records.append(step_record(step, model.codec, detok.add(step.emitted), draft_codec))
             view.update(records[-1])
-    return model.finish(run, run.result, kwargs.get("stop")), records
+    return model.finish(run, run.result, run.options.stop), records
 
 
 def plain_step_s(model) -> float | None:

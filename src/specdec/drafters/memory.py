@@ -17,9 +17,23 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+from specdec import options
 from specdec.errors import SpecdecError
 
 FORMAT = "specdec-memory"
+
+
+def _memory_file(path: str) -> str | None:
+    where = Path(path)
+    return None if where.parent.is_dir() and not where.is_dir() else "must be a file in an existing folder"
+
+
+# A model option (set once per process, not per request): the n-gram drafters of every generation
+# read and feed the same memory.
+options.register([options.Option(
+    "memory", str, None, "let the n-gram drafters also draft from earlier outputs kept in FILE (read if it "
+                         "exists, written back at the end; bounded)", _memory_file, nullable=True, scope="model",
+    metavar="FILE", server=False, bench=False)], owner=None)
 VERSION = 1
 
 

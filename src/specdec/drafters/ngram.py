@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from specdec.context import LearnedSlot
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_first_tree
@@ -204,10 +205,9 @@ def ngram_prior(feats: tuple[int, ...]) -> float:
 @drafter("ngram", "prompt lookup from an index of every n-gram of the prompt and output (no model); "
                   "with --tree it branches where earlier continuations disagree", order=10)
 def _build_ngram(request: DraftRequest) -> NgramDrafter:
-    return NgramDrafter(table=shared_table(request.target), tree=request.tree,
-                        memory=getattr(request.target, "memory", None))
+    return NgramDrafter(table=request.target.state(NGRAM_ACCEPTANCE), tree=request.tree, memory=request.target.memory)
 
 
-def shared_table(target) -> AcceptanceTable:
-    """The target model's n-gram acceptance table: what it learns carries over to later generations."""
-    return target.shared("ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))
+# The target model's n-gram acceptance table: what it learns carries over to later generations.
+NGRAM_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot(
+    "ngram-acceptance", lambda: AcceptanceTable(ngram_prior, ngram_bucket))

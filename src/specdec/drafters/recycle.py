@@ -19,10 +19,11 @@ from collections.abc import Sequence
 import torch
 
 from specdec import tree as trees
+from specdec.context import DraftContext, LearnedSlot
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_chain, best_first_tree
-from specdec.drafters.ngram import NgramDrafter, shared_table
+from specdec.drafters.ngram import NGRAM_ACCEPTANCE, NgramDrafter
 from specdec.registry import DraftRequest, drafter
 from specdec.topk import topk_indices
 from specdec.types import Draft, Verdict
@@ -113,12 +114,15 @@ def _build_recycle(request: DraftRequest) -> RecycleDrafter:
     return build_recycle(request.target, request.tree)
 
 
-def build_recycle(target, tree: bool = False) -> RecycleDrafter:
-    """A recycling drafter on ``target``'s shared tables."""
-    # The recycled table and both acceptance tables belong to the target model: they carry over
-    # from one generation to the next (TR's adjacency matrix is never reset either).
-    return RecycleDrafter(table=target.shared("recycle-next", dict),
-                          ngram=NgramDrafter(table=shared_table(target), memory=getattr(target, "memory", None)),
-                          acceptance=target.shared("recycle-acceptance",
-                                                   lambda: AcceptanceTable(recycled_prior, recycled_bucket)),
-                          tree=tree)
+# The recycled table and both acceptance tables belong to the target model: they carry over from
+# one generation to the next (TR's adjacency matrix is never reset either).
+RECYCLED_NEXT: LearnedSlot[dict] = LearnedSlot("recycle-next", dict)
+RECYCLED_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot(
+    "recycle-acceptance", lambda: AcceptanceTable(recycled_prior, recycled_bucket))
+
+
+def build_recycle(target: DraftContext, tree: bool = False) -> RecycleDrafter:
+    """A recycling drafter on ``target``'s learned tables."""
+    return RecycleDrafter(table=target.state(RECYCLED_NEXT),
+                          ngram=NgramDrafter(table=target.state(NGRAM_ACCEPTANCE), memory=target.memory),
+                          acceptance=target.state(RECYCLED_ACCEPTANCE), tree=tree)

@@ -1,0 +1,173 @@
+"""One options type: every front end reads it, every mistake reads the same, every drafter is exact.
+
+The drafter tests are parametrized over the registry itself, so a drafter added as one new file is
+checked for greedy exactness and seeded sampling without anyone adding it to a list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+import specdec
+from specdec import options
+from specdec.cli import build_parser, main
+from specdec.drafters.base import Drafter
+from specdec.errors import SpecdecError
+from specdec.options import GenerationOptions, Option, at_least
+from specdec.registry import DRAFTERS, DraftRequest, drafter
+from specdec.types import Draft
+
+PROMPT = "the quick brown fox jumps over the lazy dog and the quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_draft_dir):
+    return specdec.load(str(tiny_draft_dir))
+
+
+def _extra(name: str, tiny_draft) -> dict:
+    return {"draft_model": tiny_draft} if DRAFTERS.get(name).needs_draft_model else {}
+
+
+# -- every registered drafter, found in the registry -------------------------------------------
+@pytest.mark.parametrize("name", DRAFTERS.names())
+@pytest.mark.parametrize("tree", [False, True])
+def test_every_registered_drafter_gives_plain_greedy_tokens(tiny, tiny_draft, name, tree):
+    plain = tiny.generate(PROMPT, max_new_tokens=24, drafter="none")
+    out = tiny.generate(PROMPT, max_new_tokens=24, drafter=name, tree=tree, **_extra(name, tiny_draft))
+    assert out.token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("name", DRAFTERS.names())
+@pytest.mark.parametrize("seed", [3, 11])
+def test_every_registered_drafter_gives_the_seeded_plain_text(tiny, tiny_draft, name, seed):
+    sampling = dict(temperature=0.9, top_p=0.95, seed=seed, max_new_tokens=24)
+    plain = tiny.generate(PROMPT, drafter="none", **sampling)
+    out = tiny.generate(PROMPT, drafter=name, **sampling, **_extra(name, tiny_draft))
+    assert out.token_ids == plain.token_ids
+
+
+# -- a drafter defined here, with an option of its own ------------------------------------------
+class RepeatDrafter(Drafter):
+    """Drafts the last ``span`` tokens again (right often enough on a repetitive prompt)."""
+
+    name = "repeat-test"
+
+    def __init__(self, span: int) -> None:
+        self.span = span
+
+    def propose(self, tokens: Sequence[int], k: int, stop=None) -> Draft:
+        return Draft(list(tokens[-self.span:])[:k])
+
+
+SPANS: list[int] = []
+
+
+@pytest.fixture()
+def repeat_drafter():
+    """Registers ``repeat-test`` with its option ``repeat_span`` for one test, as a drafter file would."""
+    @drafter("repeat-test", "test drafter: repeats the last tokens", options=[
+        Option("repeat_span", int, 2, "how many of the last tokens to draft again", at_least(1), metavar="N")])
+    def build(request: DraftRequest) -> Drafter:
+        SPANS.append(request.options["repeat_span"])
+        return RepeatDrafter(request.options["repeat_span"])
+
+    SPANS.clear()
+    yield "repeat-test"
+    DRAFTERS.remove("repeat-test")
+    options.unregister("repeat-test")
+
+
+def test_a_drafter_with_an_option_is_one_registration(repeat_drafter, tiny, capsys):
+    # The CLI's --help lists the drafter and its option.
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    help_text = capsys.readouterr().out
+    assert "repeat-test" in help_text and "--repeat-span" in help_text
+    # The API takes the option as a keyword and hands it to the drafter; output stays exact.
+    plain = tiny.generate(PROMPT, max_new_tokens=16, drafter="none")
+    out = tiny.generate(PROMPT, max_new_tokens=16, drafter="repeat-test", repeat_span=3)
+    assert out.token_ids == plain.token_ids and SPANS[-1] == 3
+    # The same option from the CLI flags and from a server body.
+    args = build_parser().parse_args(["generate", "x", "--drafter", "repeat-test", "--repeat-span", "4"])
+    assert options.from_args(args)["repeat_span"] == 4
+    assert "repeat_span" in {o.name for o in options.server_fields()}
+    assert options.from_body({"drafter": "repeat-test", "repeat_span": 5}, GenerationOptions())["repeat_span"] == 5
+    # ... and from a bench method spec.
+    assert options.from_spec({"repeat_span": "6"}, GenerationOptions(drafter="repeat-test"))["repeat_span"] == 6
+    with pytest.raises(SpecdecError, match=r"^repeat_span must be >= 1, got 0$"):
+        tiny.generate(PROMPT, drafter="repeat-test", repeat_span=0)
+
+
+def test_the_drafter_is_gone_after_the_test():
+    assert "repeat-test" not in DRAFTERS
+    assert "repeat_span" not in {o.name for o in options.all_options()}
+
+
+# -- one request, four front ends -------------------------------------------------------------------
+REQUEST = dict(drafter="recycle", num_draft=3, policy="fixed", tree=True, verify="rejection", temperature=0.5,
+               top_k=5, top_p=0.9, seed=3)
+FLAGS = ["--drafter", "recycle", "--num-draft", "3", "--policy", "fixed", "--tree", "--verify", "rejection",
+         "--temperature", "0.5", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
+
+
+def test_cli_flags_server_body_api_keywords_and_bench_spec_give_the_same_options(tiny):
+    from specdec.commands.common import generation_options
+
+    api = tiny.start(PROMPT, **REQUEST).options
+    args = build_parser().parse_args(["generate", PROMPT, "--max-new-tokens", "64", *FLAGS])
+    cli = generation_options(args)
+    body = options.from_body(REQUEST, GenerationOptions())
+    sampling = {k: REQUEST[k] for k in ("temperature", "top_k", "top_p", "seed")}
+    spec = options.from_spec({"k": "3", "policy": "fixed", "tree": "", "verify": "rejection"},
+                             GenerationOptions(drafter="recycle", **sampling))
+    assert api == cli == body == spec
+    assert api.to_dict()["num_draft"] == 3
+
+
+BAD = [dict(num_draft=0), dict(top_p=0.0), dict(temperature=-1.0), dict(top_k=-2), dict(drafter="medusa"),
+       dict(policy="greedy"), dict(verify="strict"), dict(max_new_tokens=0), dict(seed=-1)]
+
+
+def _message(values: dict) -> str:
+    with pytest.raises(SpecdecError) as caught:
+        GenerationOptions.of(values).validate()
+    return str(caught.value)
+
+
+def _flags(values: dict) -> list[str]:
+    out = []
+    for name, value in values.items():
+        out += ["--" + name.replace("_", "-"), str(value)]
+    return out
+
+
+@pytest.mark.parametrize("values", BAD, ids=lambda v: next(iter(v)))
+def test_every_front_end_refuses_a_bad_option_with_the_same_message(tiny, tiny_model_dir, capsys, values):
+    expected = _message(values)
+    # API
+    with pytest.raises(SpecdecError) as api:
+        tiny.generate(PROMPT, **values)
+    assert str(api.value) == expected
+    # CLI: one error line, before the model loads
+    code = main(["generate", PROMPT, "--model", str(tiny_model_dir), *_flags(values)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == f"error: {expected}"
+    # Server body
+    if next(iter(values)) != "max_new_tokens":  # the body calls it max_tokens (OpenAI's name)
+        with pytest.raises(SpecdecError) as body:
+            options.from_body(values, GenerationOptions())
+        assert str(body.value) == expected
+
+
+def test_options_are_frozen_and_compare_by_value():
+    a = GenerationOptions(temperature=0.5, stop="END")
+    assert a.stop == ("END",)
+    assert a == GenerationOptions.of({"temperature": 0.5, "stop": ["END"]})
+    with pytest.raises(Exception):
+        a.temperature = 1.0  # type: ignore[misc]
+    assert a.with_(temperature=0.0).greedy and not a.greedy
+    with pytest.raises(SpecdecError, match="unknown option 'temprature'"):
+        GenerationOptions.of({"temprature": 1})
