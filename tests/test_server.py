@@ -1,7 +1,8 @@
 """The OpenAI-compatible server on a tiny model, started on 127.0.0.1 in the test: the official
 ``openai`` client (completions and chat, streamed and not), greedy text equal to ``generate``,
-seeds, metrics, clean OpenAI-style errors, a disconnecting client, a bounded load test and a fuzz
-test of malformed bodies."""
+seeds, metrics, clean OpenAI-style errors, a disconnecting client, a bounded load test, a fuzz
+test of malformed bodies, and the options: ``specdec serve`` flags as the requests' defaults,
+the CLI's messages for bad values, drafter-declared options in the body."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_completion_equals_generate(client, tiny):
         assert out.usage.completion_tokens == len(expected.token_ids)
         assert out.usage.prompt_tokens == len(tiny.encode(prompt))
         spec = out.model_extra["speculative"]
-        assert {"acceptance_rate", "mean_accepted_length", "draft_n", "draft_n_accepted"} <= set(spec)
+        assert set(spec) == {"draft_n", "draft_n_accepted", "acceptance_rate", "mean_accepted_length",
+                             "target_forwards", "tokens_per_s"}  # no counter twice; no seed when greedy
         assert out.choices[0].finish_reason in ("stop", "length")
 
 
@@ -129,7 +131,9 @@ def test_models_health_and_metrics(served, client, tiny):
     (json.dumps({"model": "MODEL", "prompt": "hi", "temperature": -1}).encode(), 400, "temperature"),
     (json.dumps({"model": "MODEL", "prompt": "hi", "n": 2}).encode(), 400, "n: only one"),
     (json.dumps({"model": "MODEL", "prompt": "hi", "drafter": "magic"}).encode(), 400, "magic"),
-    (json.dumps({"model": "MODEL", "prompt": "hi", "num_draft": 0}).encode(), 400, "num_draft"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "num_draft": 0}).encode(), 400, "num_draft must be >= 1, got 0"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "num_draft": "3"}).encode(), 400, "num_draft"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "verify": "maybe"}).encode(), 400, "unknown verify 'maybe'"),
     (json.dumps({"model": "MODEL", "prompt": ""}).encode(), 400, "empty"),
     (json.dumps({"model": "MODEL", "prompt": [10 ** 9]}).encode(), 400, "outside the vocabulary"),
     (json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), 404, "not served here"),
@@ -207,7 +211,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 *
                            | st.text(max_size=20), lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
 FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
-          "n", "drafter", "num_draft", "tree", "policy", "stream_options"]
+          "n", "drafter", "num_draft", "tree", "policy", "verify", "stream_options"]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -247,3 +251,130 @@ def test_serve_refuses_a_taken_port_before_loading(capsys, no_loading):
         port = taken.getsockname()[1]
         assert main(["serve", "--port", str(port)]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err and not no_loading
+
+
+# -- options: the serve flags are the defaults, one message per mistake, drafters' own options ------
+def serve_args(*argv: str):
+    """``specdec serve`` flags parsed and checked by the real CLI (nothing is loaded)."""
+    from specdec.cli import build_parser
+    from specdec.commands import serve
+
+    args = build_parser().parse_args(["serve", "--port", "0", *argv])
+    serve.check_args(args)
+    return args
+
+
+@pytest.fixture()
+def started(monkeypatch):
+    """The options every generation of the target model started with (a spy on ``Model.start``)."""
+    from specdec.api import Model
+
+    seen, original = [], Model.start
+
+    def start(self, prompt, options=None, **kwargs):
+        run = original(self, prompt, options, **kwargs)
+        seen.append(run.options)
+        return run
+
+    monkeypatch.setattr(Model, "start", start)
+    return seen
+
+
+def test_serve_verify_rejection_is_the_default_of_requests(tiny, tiny_model_dir, tiny_draft_dir, started):
+    """``specdec serve --verify rejection`` verifies requests that do not choose with rejection
+    sampling: the options they run with say so, and a seeded sampled answer with a model drafter
+    is rejection sampling's text (it differs from coupled drafting's, which is plain decoding's)."""
+    from fastapi.testclient import TestClient
+
+    import specdec
+    from specdec.commands.serve import serve_config
+
+    args = serve_args("--model", str(tiny_model_dir), "--drafter", "model", "--draft-model", str(tiny_draft_dir),
+                      "--policy", "fixed", "--num-draft", "3", "--verify", "rejection")
+    assert args.options.verify == "rejection"
+    server = Server(tiny, specdec.load(args.draft_model), serve_config(args))
+    body = {"model": tiny.name, "prompt": PROMPTS[3], "max_tokens": 24, "temperature": 1.0, "seed": 7}
+    with TestClient(server.app()) as http:
+        texts = {}
+        for verify in (None, "rejection", "coupled"):
+            response = http.post("/v1/completions", json={**body, **({"verify": verify} if verify else {})})
+            assert response.status_code == 200, response.text
+            texts[verify] = response.json()["choices"][0]["text"]
+            assert (started[-1].verify, started[-1].drafter, started[-1].num_draft) == \
+                   (verify or "rejection", "model", 3)
+    plain = tiny.generate(PROMPTS[3], max_new_tokens=24, temperature=1.0, seed=7, drafter="none").text
+    assert texts["coupled"] == plain
+    assert texts[None] == texts["rejection"] != plain
+
+
+@pytest.mark.parametrize("name, value", [("num_draft", 0), ("top_p", 0), ("temperature", -1), ("drafter", "nope"),
+                                         ("top_k", -2), ("seed", -1), ("policy", "sometimes")])
+def test_a_bad_option_reads_as_it_does_everywhere(served, tiny, tiny_model_dir, capsys, no_loading, name, value):
+    """The server's 400 says exactly what :meth:`GenerationOptions.validate` says (and the CLI)."""
+    from specdec.cli import main
+    from specdec.errors import SpecdecError
+    from specdec.options import GenerationOptions, option
+
+    with pytest.raises(SpecdecError) as raised:
+        GenerationOptions(**{name: value}).validate()
+    for path, extra in (("/v1/completions", {"prompt": "hi"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        response = httpx.post(served[0] + path, json={"model": tiny.name, name: value, **extra}, timeout=30)
+        assert response.status_code == 400
+        assert response.json()["error"] == {"message": str(raised.value), "type": "invalid_request_error",
+                                            "param": name, "code": None}
+    spec = option(name)
+    if spec.choices is None:  # (argparse itself refuses an unknown choice, in its own words)
+        typed = spec.parse(str(value))  # the flag's value: -1.0 for "--temperature -1"
+        with pytest.raises(SpecdecError) as raised:
+            GenerationOptions(**{name: typed}).validate()
+        assert main(["generate", "hi", "--model", str(tiny_model_dir), spec.cli_flag, str(value)]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {raised.value}"
+
+
+@pytest.fixture()
+def probe_drafter():
+    """A drafter declaring an option of its own, ``probe_width`` (registered for one test only);
+    the list records the values it was built with."""
+    from specdec import options, registry
+    from specdec.options import Option, at_least
+
+    registry.DRAFTERS.names()  # every built-in drafter registered first, so that undoing keeps them
+    entries, extra, seen = dict(registry.DRAFTERS._entries), dict(options._EXTRA), []
+
+    @registry.drafter("probe", "n-gram drafting that records its width", options=[
+        Option("probe_width", int, 2, "how wide the probe looks", at_least(1))])
+    def build(request):
+        seen.append(request.options["probe_width"])
+        return registry.DRAFTERS.get("ngram").build(request)
+
+    yield seen
+    registry.DRAFTERS._entries.clear()
+    registry.DRAFTERS._entries.update(entries)
+    options._EXTRA.clear()
+    options._EXTRA.update(extra)
+
+
+def test_a_drafter_declared_option_is_a_flag_default_and_a_body_field(tiny, tiny_model_dir, probe_drafter):
+    from fastapi.testclient import TestClient
+
+    from specdec.commands.serve import serve_config
+    from specdec.errors import SpecdecError
+    from specdec.options import GenerationOptions
+
+    args = serve_args("--model", str(tiny_model_dir), "--drafter", "probe", "--probe-width", "5")
+    server = Server(tiny, config=serve_config(args))
+    body = {"model": tiny.name, "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0}
+    expected = tiny.generate(PROMPTS[0], max_new_tokens=6, drafter="none").text
+    with TestClient(server.app()) as http:
+        for chosen, width in (({}, 5), ({"probe_width": 3}, 3)):
+            response = http.post("/v1/completions", json={**body, **chosen})
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] == expected and probe_drafter[-1] == width
+        with pytest.raises(SpecdecError) as raised:
+            GenerationOptions(extra={"probe_width": 0}).validate()
+        wrong = http.post("/v1/completions", json={**body, "probe_width": 0})
+        assert wrong.status_code == 400 and wrong.json()["error"]["message"] == str(raised.value)
+        assert wrong.json()["error"]["param"] == "probe_width"
+        typed = http.post("/v1/completions", json={**body, "probe_width": "wide"})
+        assert typed.status_code == 400 and typed.json()["error"]["param"] == "probe_width"

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from specdec.commands.common import add_drafting_options, add_model_options, check_drafting, check_positive, \
+from specdec.commands.common import add_generation_options, add_model_options, check_positive, generation_options, \
     load_options, quiet_libraries
 from specdec.errors import SpecdecError
 
+if TYPE_CHECKING:
+    from specdec.server.app import ServeConfig
+
 NAME = "serve"
+PER_REQUEST = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 ORDER = 5
 
 
 def add_parser(sub) -> None:
     srv = sub.add_parser(NAME, help="serve the model over an OpenAI-compatible HTTP API",
                          description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
-                                     "/health and /metrics (Prometheus). Requests may choose drafter, num_draft, "
-                                     "policy and tree in the body; these options are the defaults.")
+                                     "/health and /metrics (Prometheus). Requests may choose the drafting "
+                                     "options (drafter, num_draft, policy, tree, verify, drafters' own) in "
+                                     "the body; these flags are their defaults.")
     add_model_options(srv)
-    add_drafting_options(srv)
+    # Requests choose sampling, stops and length in their bodies (OpenAI's defaults); the drafting
+    # flags are the defaults for requests that do not choose.
+    add_generation_options(srv, skip=PER_REQUEST)
     srv.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="default: 8000")
     srv.add_argument("--slots", type=int, default=4, metavar="N",
@@ -29,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    check_drafting(args)
+    args.options = generation_options(args)
     check_positive(args.slots, "--slots")
     check_positive(args.max_tokens, "--max-tokens")
     if not 0 <= args.port <= 65535:
@@ -54,6 +62,14 @@ def check_port(host: str, port: int) -> None:
         raise SpecdecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The server's :class:`~specdec.server.app.ServeConfig` from checked flags: every drafting
+    flag (``--verify`` and drafters' own options included) is the default of requests."""
+    from specdec.server.app import ServeConfig
+
+    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens)
+
+
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     from specdec.commands.generate import check_draft_vocabulary
@@ -61,21 +77,19 @@ def run(args: argparse.Namespace) -> int:
 
     resolved = resolve(args.model)
     if args.draft_model:
-        check_draft_vocabulary(args.drafter, resolve(args.draft_model), resolved)
+        check_draft_vocabulary(args.options.drafter, resolve(args.draft_model), resolved)
     from specdec.api import load
-    from specdec.server.app import ServeConfig, Server, serve_forever
+    from specdec.server.app import Server, serve_forever
 
     quiet_libraries()
     model = load(args.model, **load_options(args))
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.enable_memory(args.memory)
-    config = ServeConfig(drafter=args.drafter, num_draft=args.num_draft, policy=args.policy, tree=args.tree,
-                         slots=args.slots, max_tokens=args.max_tokens)
-    server = Server(model, draft_model, config)
+    server = Server(model, draft_model, serve_config(args))
     print(f"calibrating {model.name} on this machine ...", file=sys.stderr)
     server.warm_up()
-    print(f"serving {model.name} at http://{args.host}:{args.port}/v1 (drafter {args.drafter}; Ctrl-C stops)",
+    print(f"serving {model.name} at http://{args.host}:{args.port}/v1 (drafter {args.options.drafter}; Ctrl-C stops)",
           file=sys.stderr)
     try:
         serve_forever(server, args.host, args.port)

@@ -1,2 +1,3 @@
-"""The OpenAI-compatible HTTP server (``specdec serve``): FastAPI app, request schemas, scheduling
-of concurrent generations, Prometheus metrics and a load-test client."""
+"""The OpenAI-compatible HTTP server (``specdec serve``): the server and its app (``app``), routes,
+request schemas, OpenAI answer formats (``openai``), scheduling of concurrent generations
+(``scheduler``), OpenAI-style errors, Prometheus metrics and a load-test client."""

@@ -2,17 +2,27 @@
 
 Fields the OpenAI API has and specdec does not use (``user``, ``frequency_penalty`` at 0, ...) are
 ignored; ones that would change the answer and are not supported (``n`` > 1, ``logprobs``,
-``echo``, ...) are refused with a 400 rather than silently dropped. ``drafter``, ``num_draft``,
-``policy`` and ``tree`` are specdec's own (the openai client sends them with ``extra_body``).
+``echo``, ...) are refused with a 400 rather than silently dropped.
+
+specdec's own fields (``drafter``, ``num_draft``, ``policy``, ``tree``, ``verify`` and every
+drafter-declared option; the openai client sends them with ``extra_body``) are not spelled out
+here: :func:`with_specdec_fields` adds one per option of :func:`specdec.options.server_fields`
+that OpenAI has no field for, when the app is built. They are typed here and checked by
+:meth:`specdec.options.GenerationOptions.validate`, so a bad value reads as it does on the CLI.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model, \
+    model_validator
+
+from specdec import options
+from specdec.options import Option
 
 Number = StrictInt | StrictFloat
+STRICT: dict[type, Any] = {int: StrictInt, float: Number, bool: StrictBool, str: StrictStr}
 
 
 class StreamOptions(BaseModel):
@@ -36,10 +46,6 @@ class Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: StrictInt = 1
     logprobs: StrictBool | StrictInt | None = None
-    drafter: StrictStr | None = None
-    num_draft: StrictInt | None = None
-    policy: StrictStr | None = None
-    tree: StrictBool | None = None
 
     @model_validator(mode="after")
     def _supported(self):
@@ -84,3 +90,24 @@ class Message(BaseModel):
 class ChatRequest(Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
+
+
+Request = TypeVar("Request", bound=Common)
+
+
+def specdec_fields() -> list[Option]:
+    """The options a body may set that OpenAI has no field for (``temperature`` and the like are
+    OpenAI's, with OpenAI's defaults, in :class:`Common`)."""
+    return [o for o in options.server_fields() if o.name not in Common.model_fields]
+
+
+def with_specdec_fields(request: type[Request]) -> type[Request]:
+    """``request`` plus a field per option of :func:`specdec_fields` (None when the body leaves it
+    out: the server's default applies)."""
+    fields: dict[str, Any] = {}
+    for opt in specdec_fields():
+        if opt.type not in STRICT:
+            raise TypeError(f"option {opt.name!r} has type {opt.type.__name__}, "
+                            "which a request body cannot carry")
+        fields[opt.name] = (STRICT[opt.type] | None, Field(None, description=opt.help))
+    return create_model(request.__name__, __base__=request, __module__=__name__, **fields)

@@ -1,0 +1,110 @@
+"""OpenAI's response objects: finish reasons, the ``text_completion`` and ``chat.completion``
+answers and their streamed chunks, ``usage`` (with specdec's speculation counters beside it) and
+server-sent events."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from specdec.api import Output
+from specdec.stats import GenerationStats
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specdec's finish reason -> OpenAI's
+
+
+def usage(stats: GenerationStats, seed: int | None) -> dict:
+    """OpenAI's ``usage``, and specdec's speculation counters beside it: llama.cpp's names
+    (``draft_n``, ``draft_n_accepted``), then what the rates and timings add."""
+    spec: dict[str, Any] = {"draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+                            "acceptance_rate": round(stats.acceptance_rate, 4),
+                            "mean_accepted_length": round(stats.mean_accepted_length, 4),
+                            "target_forwards": stats.target_forwards,
+                            "tokens_per_s": round(stats.tokens_per_s, 3)}
+    if seed is not None:
+        spec["seed"] = seed
+    return {"usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
+                      "total_tokens": stats.prompt_tokens + stats.new_tokens},
+            "speculative": spec}
+
+
+def sse(payload: dict) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+@dataclass
+class Answer:
+    """The objects of one request's answer: the whole answer or its streamed chunks, all with the
+    same id and creation time."""
+
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    prefix: ClassVar[str] = ""
+    chunk_object: ClassVar[str] = ""
+    whole_object: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
+
+    def envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def opening(self) -> dict | None:
+        """The chunk a stream starts with, before any text (None: none)."""
+        return None
+
+    def chunk(self, text: str | None, finish: str | None = None) -> dict:
+        """A streamed chunk with new ``text`` (or none), and the finish reason in the last one."""
+        raise NotImplementedError
+
+    def usage_chunk(self, stats: GenerationStats, seed: int | None) -> dict:
+        """The last chunk when the client asked for ``stream_options.include_usage``."""
+        return {**self.envelope(self.chunk_object, []), **usage(stats, seed)}
+
+    def whole(self, out: Output) -> dict:
+        """The answer of a request that did not stream."""
+        raise NotImplementedError
+
+
+class Completion(Answer):
+    """``/v1/completions``: ``text_completion`` objects, streamed or not."""
+
+    prefix = "cmpl"
+    chunk_object = whole_object = "text_completion"
+
+    def chunk(self, text: str | None, finish: str | None = None) -> dict:
+        return self.envelope(self.chunk_object, [{"index": 0, "text": text or "", "logprobs": None,
+                                                  "finish_reason": finish}])
+
+    def whole(self, out: Output) -> dict:
+        return {**self.chunk(out.text, FINISH[out.finish_reason]), **usage(out.stats, out.seed)}
+
+
+class ChatCompletion(Answer):
+    """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` deltas that
+    open with the assistant's role."""
+
+    prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+    whole_object = "chat.completion"
+
+    def opening(self) -> dict:
+        return self._delta({"role": "assistant", "content": ""}, None)
+
+    def chunk(self, text: str | None, finish: str | None = None) -> dict:
+        return self._delta({"content": text} if text else {}, finish)
+
+    def _delta(self, delta: dict, finish: str | None) -> dict:
+        return self.envelope(self.chunk_object, [{"index": 0, "delta": delta, "logprobs": None,
+                                                  "finish_reason": finish}])
+
+    def whole(self, out: Output) -> dict:
+        message = {"role": "assistant", "content": out.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": FINISH[out.finish_reason]}
+        return {**self.envelope(self.whole_object, [choice]), **usage(out.stats, out.seed)}

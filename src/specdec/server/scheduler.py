@@ -1,0 +1,61 @@
+"""Concurrency of the server: at most ``slots`` generations in progress (each holds a backend, so
+its own KV cache; the rest wait in line), and target forwards one at a time, step by step, in
+arrival order, so concurrent generations interleave fairly on this CPU and cannot touch each
+other's cache. A step is never interrupted; a client that goes away frees its slot and backend
+after the step in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from specdec.engine import DecodeRun
+from specdec.server.metrics import ServerMetrics
+from specdec.types import StepTrace
+
+
+class Scheduler:
+    """Slots for generations, and one target forward at a time in arrival order."""
+
+    def __init__(self, slots: int, metrics: ServerMetrics) -> None:
+        self.slots = asyncio.Semaphore(slots)
+        self.compute = asyncio.Lock()
+        self.metrics = metrics
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the slots (waiting in line for it) while the block runs."""
+        t0 = time.perf_counter()
+        self.metrics.waiting.inc()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.metrics.waiting.dec()
+        self.metrics.queue.observe(time.perf_counter() - t0)
+        self.metrics.running.inc()
+        try:
+            yield
+        finally:
+            self.metrics.running.dec()
+            self.slots.release()
+
+    async def run(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` in a worker thread, alone on the CPU; a cancelled caller waits for it to end."""
+        with anyio.CancelScope(shield=True):
+            async with self.compute:
+                return await anyio.to_thread.run_sync(call, *args)
+
+    async def steps(self, run: DecodeRun) -> AsyncIterator[StepTrace]:
+        """The steps of ``run``, each computed in its turn."""
+        steps = iter(run)
+        try:
+            while (step := await self.run(next, steps, None)) is not None:
+                yield step
+        finally:
+            steps.close()  # hands the backend back now, also when the client went away
