@@ -21,8 +21,11 @@ from conftest import chi_square_pvalue
 from specdec.backends.hf import HFBackend
 from specdec.backends.toy import ToyLM
 from specdec.costs import CostModel
+from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.recycle import RecycleDrafter
-from specdec.drafters.self_spec import DraftHead, Measured, SelfDrafter, head_for, rank_tokens, self_table
+from specdec.drafters.self_head import DraftHead, head_for, rank_tokens
+from specdec.drafters.self_spec import SelfDrafter, self_table
+from specdec.drafters.self_timing import Measured
 from specdec.engine import DecodeConfig, decode
 from specdec.errors import SpecdecError
 from specdec.policies.adaptive import AdaptiveK
@@ -31,11 +34,14 @@ from specdec.sampling import SamplingParams, logits_to_probs
 
 
 def self_drafter(model, rows: list[int], helper: bool = False) -> SelfDrafter:
-    """A self drafter whose layer passes look nearly free, so that it drafts whenever it can."""
+    """A self drafter whose layer passes look nearly free, so that it drafts whenever it can
+    (``helper``: combined with the free sources)."""
     measured = Measured.start(1e-3)
     measured.body.value = measured.small.value = 1e-9
-    return SelfDrafter(DraftHead(model.get_output_embeddings().weight, rows), self_table(), measured,
-                       helper=RecycleDrafter() if helper else None)
+    head = DraftHead(model.get_output_embeddings().weight, rows)
+    if helper:
+        return CombinedDrafter(head, self_table(), measured, free=RecycleDrafter())
+    return SelfDrafter(head, self_table(), measured)
 
 
 # -- the backend's pending rows ---------------------------------------------------------------
@@ -126,6 +132,23 @@ def test_a_full_head_drafts_the_targets_greedy_tokens(tiny_llama):
     assert out.stats.target_forwards < 30 / 3
 
 
+def test_a_self_draft_is_verified_whole_where_the_cost_curve_would_cut_it(tiny_llama):
+    """A self draft's layer passes already ran: it prices its verification (the full head alone),
+    so the adaptive policy verifies it whole on a curve where a forward of 2 rows costs 2.5 of one,
+    and the engine teaches that curve nothing from such steps."""
+    from specdec.types import Draft
+
+    steep = CostModel({1: 1.0, 2: 2.5, 3: 3.75, 4: 5.0})
+    policy = AdaptiveK(steep, 4)
+    assert policy.choose(Draft([1, 2, 3], confidence=[0.9] * 3)) == 0
+    assert policy.choose(Draft([1, 2, 3], confidence=[0.9] * 3, verify_cost=lambda n: 0.5)) == 3
+    out = decode(HFBackend(tiny_llama), [5, 9, 11], DecodeConfig(max_new_tokens=30),
+                 self_drafter(tiny_llama, list(range(96))), policy)
+    drafted = [s for s in out.trace if s.proposed]
+    assert len(drafted) > 3 and all(len(s.drafted) == s.proposed for s in drafted)
+    assert steep.observations <= len(out.trace) - len(drafted)
+
+
 def test_the_head_learns_tokens_it_meets(tiny_llama):
     drafter = self_drafter(tiny_llama, [0, 1])
     out = decode(HFBackend(tiny_llama), [5, 9, 11], DecodeConfig(max_new_tokens=12), drafter, FixedK(3))
@@ -214,11 +237,11 @@ def test_rank_tokens_puts_the_predicted_mass_first(tiny_llama):
 def test_head_ranking_is_cached_per_model(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     with tiny.pool.lease() as backend:
-        first = head_for(tiny, backend, rows=40)
+        first = head_for(tiny.draft_context(), backend, rows=40)
     assert list((tmp_path / "draft-heads").glob("*.json"))
     with tiny.pool.lease() as backend:
-        monkeypatch.setattr("specdec.drafters.self_spec.rank_tokens", lambda *a, **k: pytest.fail("re-ranked"))
-        second = head_for(tiny, backend, rows=40)
+        monkeypatch.setattr("specdec.drafters.self_head.rank_tokens", lambda *a, **k: pytest.fail("re-ranked"))
+        second = head_for(tiny.draft_context(), backend, rows=40)
     assert first.ids.tolist() == second.ids.tolist()
     assert set(tiny.eos_token_ids) <= first.known
 
@@ -244,6 +267,36 @@ def test_self_drafters_on_llamacpp_are_refused_with_the_reason(name):
 
     from specdec.registry import DRAFTERS, DraftRequest
 
-    target = SimpleNamespace(hf_model=None, backend_name="llamacpp")
+    target = SimpleNamespace(layer_access=False, backend_name="llamacpp")
     with pytest.raises(SpecdecError, match="llama.cpp computes the full output head"):
         DRAFTERS.get(name).build(DraftRequest(target))
+
+
+# -- the drafter's own option: the head's size --------------------------------------------------
+@pytest.mark.parametrize("name", ["self", "combined"])
+def test_head_rows_reaches_the_drafter(tiny, name, tmp_path, monkeypatch):
+    """``head_rows`` (declared in the self drafter's file) sizes the head; each size learns its own."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    small = tiny.drafter(name, options=tiny.options(drafter=name, head_rows=256))
+    default = tiny.drafter(name, options=tiny.options(drafter=name))
+    assert len(small.head.ids) == 256 + len(tiny.eos_token_ids)
+    assert len(default.head.ids) > len(small.head.ids)
+    assert tiny.drafter(name, options=tiny.options(drafter=name, head_rows=256)).head is small.head
+    prompt = "the quick brown fox jumps over the lazy dog. the quick brown"
+    out = tiny.generate(prompt, max_new_tokens=12, drafter=name, head_rows=256)
+    assert out.token_ids == tiny.generate(prompt, max_new_tokens=12, drafter="none").token_ids
+
+
+def test_a_bad_head_size_is_refused_with_the_options_message(tiny):
+    with pytest.raises(SpecdecError, match=r"head_rows must be >= 256, got 10"):
+        tiny.generate("hello", max_new_tokens=4, drafter="self", head_rows=10)
+    with pytest.raises(SpecdecError, match=r"head_rows must be a whole number"):
+        tiny.generate("hello", max_new_tokens=4, drafter="self", head_rows="many")
+
+
+def test_head_rows_is_a_generate_flag(capsys):
+    from specdec.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--head-rows" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from specdec import tree as trees
 from specdec.backends.base import Backend
@@ -85,6 +85,7 @@ class DecodeRun:
         self.sampler = Sampler(config.sampling, config.verify)
         self.result = Generation(seed=None if config.sampling.greedy else self.sampler.seed)
         self.done = False
+        self.options: Any = None  # the GenerationOptions it was started with (set by the API)
         self._release = release
         self._started = False
 
@@ -148,8 +149,10 @@ class DecodeRun:
                     break
             tokens.extend(emitted)
             self.drafter.observe(draft, verdict)
-            # A prefed draft's verification ran only the LM head: no point on the forward-cost curve.
-            self.policy.observe(len(draft), verdict.num_accepted, 0.0 if draft.prefed else t2 - t1, base)
+            # A draft that priced its own verification was not a plain forward of its length: no
+            # point on the forward-cost curve.
+            timed = t2 - t1 if draft.verify_cost is None else 0.0
+            self.policy.observe(len(draft), verdict.num_accepted, timed, base)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
                              (t1 - t0) + (t3 - t2), t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,

@@ -3,6 +3,7 @@ one record per decoding step (vLLM's vocabulary: accepted, recovered ("correctio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -37,9 +38,10 @@ class Draft:
     # drawn from (its siblings drawn i.i.d. from the same one, as in SpecInfer).
     parents: list[int] | None = None
     extra: dict | None = None  # drafter-specific details for the trace (e.g. which source drafted)
-    # Self-speculation: the target already ran these tokens through its layers while drafting, so
-    # verifying them costs its LM head only (a cut would save nothing; the policy keeps them all).
-    prefed: bool = False
+    # The cost of a step verifying the first n nodes, in plain one-token steps, when the target's
+    # forward-cost curve does not price it (part of the work already ran while drafting, e.g. a
+    # self draft's layer passes); None: the curve's. Such a step's time is no point on that curve.
+    verify_cost: Callable[[int], float] | None = None
 
     def __post_init__(self) -> None:
         if self.proposed is None:
@@ -62,15 +64,17 @@ class Draft:
         return self.subset(list(range(n)))
 
     def subset(self, keep: list[int]) -> Draft:
-        """The draft made of nodes ``keep`` (each kept after its parent)."""
+        """The draft made of nodes ``keep`` (each kept after its parent). A verify cost prices
+        prefixes, so it stays only when ``keep`` is one."""
         from specdec.tree import chain, is_chain, subset
 
         pick = (lambda xs: None if xs is None else [xs[i] for i in keep])
         q = None if self.q is None else self.q[keep] if keep else self.q[:0]
         parents = subset(self.parents if self.parents is not None else chain(len(self.tokens)), keep)
         parents = None if is_chain(parents) else parents
+        verify_cost = self.verify_cost if keep == list(range(len(keep))) else None
         return Draft([self.tokens[i] for i in keep], q, self.forwards, pick(self.confidence), pick(self.features),
-                     pick(self.probs), self.proposed, parents, self.extra, self.prefed)
+                     pick(self.probs), self.proposed, parents, self.extra, verify_cost)
 
 
 @dataclass

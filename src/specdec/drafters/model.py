@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.backends.base import Backend
+from specdec.context import LearnedSlot
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
@@ -53,10 +54,10 @@ class DraftTokens:
         self.features.append(feats)
 
     def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None,
-              prefed: bool = False) -> Draft:
+              verify_cost: Callable[[int], float] | None = None) -> Draft:
         q = torch.stack(self.qs) if self.qs else None
         return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, parents=parents,
-                     extra=extra, prefed=prefed)
+                     extra=extra, verify_cost=verify_cost)
 
 
 class ModelDrafter(Drafter):
@@ -220,28 +221,34 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
+# Kept on the draft model, per target (its drafts' acceptance depends on both); the bridge on the
+# target, per draft model (made with both codecs, so it has no default maker).
+MODEL_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot("model-acceptance", lambda: model_table())
+VOCAB_BRIDGE: LearnedSlot = LearnedSlot("vocab-bridge", lambda: None)
+
+
 def draft_backend(request: DraftRequest) -> tuple[Backend, AcceptanceTable, Callable[[Backend], None]]:
     """A backend on the draft model, the acceptance table learned for this pair, and how to give
     the backend back."""
-    target, draft = request.target, request.draft_model
+    target, draft = request.target, request.draft
     if draft is None:
         raise SpecdecError("this drafter needs a draft model (--draft-model)")
-    table = draft.shared(f"model-acceptance-for-{target.name}", model_table)
+    table = draft.state(MODEL_ACCEPTANCE.named(f"for-{target.name}"))
     return draft.pool.take(), table, draft.pool.give
 
 
 def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
     """``inner`` itself when draft and target share a vocabulary; otherwise wrapped to propose
     target tokens through a vocabulary bridge (:mod:`specdec.drafters.cross`)."""
-    target, draft = request.target, request.draft_model
+    target, draft = request.target, request.draft
     if target.codec.same_vocabulary(draft.codec):
         return inner
     from specdec.drafters.cross import CrossVocabDrafter
 
     try:
-        bridge = target.shared(f"vocab-bridge-{draft.name}", lambda: VocabBridge(
-            target.codec, draft.codec, target.logit_width, draft.logit_width))
-        return CrossVocabDrafter(inner, bridge, target.eos_token_ids, draft.eos_token_ids)
+        bridge = target.state(VOCAB_BRIDGE.named(draft.name), lambda: VocabBridge(
+            target.codec, draft.codec, target.logit_width(), draft.logit_width()))
+        return CrossVocabDrafter(inner, bridge, target.eos, draft.eos)
     except BaseException:
         inner.close()
         raise
@@ -251,5 +258,5 @@ def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
                   "it branches on the drafter's top tokens", needs_draft_model=True, order=20)
 def _build_model(request: DraftRequest) -> Drafter:
     backend, table, release = draft_backend(request)
-    same = request.target.codec.same_vocabulary(request.draft_model.codec)
+    same = request.target.codec.same_vocabulary(request.draft.codec)
     return bridged(request, ModelDrafter(backend, table, release=release, tree=request.tree and same))

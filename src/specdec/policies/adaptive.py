@@ -7,6 +7,8 @@ when no prefix beats a plain step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
 from specdec.policies.base import DraftPolicy
@@ -23,9 +25,11 @@ class AdaptiveK(DraftPolicy):
     With per-token acceptance estimates a_1..a_k (``Draft.confidence``, or the running acceptance
     rate when the drafter gives none), verifying i tokens yields 1 + sum_{j<=i} prod_{l<=j} a_l
     tokens on average for a step costing ``costs.step(i + 1)`` (its forward of i + 1 tokens and
-    the shape switch it imposes on the next forward); i = 0 is a plain step. A tree's nodes come
-    best first, so the same rule with path probabilities in place of the running products sizes a
-    tree by what pays (Sequoia's hardware-aware sizing, with this machine's measured curve).
+    the shape switch it imposes on the next forward); i = 0 is a plain step. A draft that prices
+    its own verification (``Draft.verify_cost``: part of the work already ran while drafting, as
+    in self-speculation) is weighed on that price instead. A tree's nodes come best first, so the
+    same rule with path probabilities in place of the running products sizes a tree by what pays
+    (Sequoia's hardware-aware sizing, with this machine's measured curve).
     Choosing the best i per step is the myopic rule of dynamic speculation lookahead (Mamou et al.
     2024), with the CPU's measured cost curve in place of a constant. Every timed forward refines
     that curve (:meth:`specdec.costs.CostModel.observe`), so it follows the context length and the
@@ -47,18 +51,24 @@ class AdaptiveK(DraftPolicy):
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """The number of leading draft nodes to verify (a tree's nodes come best first)."""
-        if draft.prefed:
-            return len(draft)  # already through the layers: verifying costs the head alone
         confidence = draft.confidence or [self.acceptance] * len(draft)
         parents = draft.parents if draft.parents is not None else chain(len(draft))
-        best_i, best_rate = 0, 1.0 / self.costs.forward(1)
+        cost = self._cost(draft)
+        best_i, best_rate = 0, 1.0 / cost(0)
         expected = 1.0
         for i, survive in enumerate(path_probabilities(parents, confidence), start=1):
             expected += survive
-            rate = expected / self.costs.step(i + 1)
+            rate = expected / cost(i)
             if rate > best_rate:
                 best_i, best_rate = i, rate
         return best_i
+
+    def _cost(self, draft: Draft) -> Callable[[int], float]:
+        """Seconds of a step verifying the draft's first i nodes against plain decoding: the
+        draft's own price (in plain steps) when it gives one, the cost curve's otherwise."""
+        if draft.verify_cost is not None:
+            return lambda i: draft.verify_cost(i) * self.costs.forward(1)
+        return lambda i: self.costs.step(i + 1)
 
     def stop_drafting(self, confidence: list[float]) -> bool:
         """Threshold drafting: stop once the whole draft is unlikely to survive verification."""
