@@ -7,6 +7,7 @@ import json
 import pytest
 
 from specdec.cli import main
+from specdec.errors import SpecdecError
 
 STATS = {"questions", "new_tokens", "tokens_per_s", "speedup", "mean_accepted_length", "acceptance_rate",
          "identical"}
@@ -69,8 +70,14 @@ def test_baseline_is_added_when_missing(capsys, tmp_path, tiny_model_dir, questi
 
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "warp-drive"], "unknown method"),
-    (["--methods", "ngram:k=0"], "k must be"),
-    (["--methods", "ngram:speed=11"], "unknown option"),
+    (["--methods", "ngram:k=0"], "method 'ngram:k=0': num_draft must be >= 1, got 0"),
+    (["--methods", "ngram:speed=11"], "method 'ngram:speed=11': unknown option 'speed'"),
+    (["--methods", "ngram:temperature=0.5"], "unknown option 'temperature'"),  # a bench flag, for every method
+    (["--methods", "ngram:policy=greedy"], "method 'ngram:policy=greedy': unknown policy 'greedy'"),
+    (["--methods", "plain:tree"], "plain decoding drafts nothing to branch"),
+    (["--methods", "ngram:tiny"], "ngram takes no model"),
+    (["--methods", "model"], "write model:ALIAS"),
+    (["--methods", "hf-lookup:k=0"], "k must be a whole number >= 1"),
     (["--methods", "llamacpp-plain"], "runs on --backend llamacpp"),
     (["--methods", "hf-plain", "--backend", "llamacpp"], "runs on --backend transformers"),
     (["--methods", "plain", "--categories", "nope"], "no questions in categories nope"),
@@ -95,6 +102,7 @@ def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
     from specdec.bench.methods import Method, RunResult
     from specdec.bench.questions import Question
     from specdec.bench.runner import BenchRun, summarize
+    from specdec.stats import GenerationStats
 
     class Fixed(Method):
         def __init__(self, name, family="ours"):
@@ -115,7 +123,10 @@ def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
     qs = [Question(1, "a", "x"), Question(2, "b", "y")]
     bench = BenchRun(qs, [[1, 2], [3, 4]], [plain, spec], greedy=True)
     bench.runs = {"plain": [RunResult([5, 6, 7], 1.0), RunResult([8, 9], 1.0)],
-                  "ngram": [RunResult([5, 6, 7], 0.5, 2, 2, 2, 1, 0, 0.0), RunResult([8, 1], 0.5, 2, 1, 0, 1, 1, 0.0)]}
+                  "ngram": [RunResult([5, 6, 7], 0.5, GenerationStats(new_tokens=3, target_forwards=2, drafted=2,
+                                                                      accepted=2, draft_steps=1)),
+                            RunResult([8, 1], 0.5, GenerationStats(new_tokens=2, target_forwards=2, drafted=1,
+                                                                   draft_steps=1, rejecting_steps=1))]}
     live = summarize(bench, FakeModel(), divergences=False)
     assert calls == [] and "divergences" not in live["ngram"]
     assert live["ngram"]["overall"]["identical"] is False
@@ -240,10 +251,13 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
     from specdec.bench.methods import Method, RunResult
     from specdec.bench.questions import Question
     from specdec.bench.runner import run_bench
+    from specdec.context import Learned, LearnedSlot
+
+    recycled = LearnedSlot("recycle-next", dict)
 
     class FakeModel:
         has_chat_template = False
-        learned: dict = {}
+        learned = Learned()
 
         def encode(self, text, chat=False):
             return [ord(text[0])]
@@ -255,7 +269,7 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
             self.name, self.family, self.saw = name, "ours", []
 
         def run(self, prompt_ids, max_new_tokens, seed):
-            table = model.learned.setdefault("recycle-next", {})  # what Model.shared would hold
+            table = model.learned.get(recycled)  # what a recycling drafter's slot would hold
             self.saw.append(sorted(table))
             table[prompt_ids[0]] = [self.name]
             return RunResult([1], 1.0)
@@ -266,3 +280,76 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
     warm, x, y = ord("S"), ord("x"), ord("y")
     for method in (a, b):  # warm-up, then two repeats per question, each from the same state
         assert method.saw == [[], [warm], [warm], [warm, x], [warm, x]]
+
+
+@pytest.fixture()
+def span_drafter():
+    """A drafter declared as a drafter file would, with an option of its own (``span``)."""
+    from specdec import options
+    from specdec.drafters.base import Drafter
+    from specdec.options import Option, at_least
+    from specdec.registry import DRAFTERS, DraftRequest, drafter
+    from specdec.types import Draft
+
+    class Repeat(Drafter):
+        name = "span-test"
+
+        def __init__(self, span: int) -> None:
+            self.span = span
+
+        def propose(self, tokens, k, stop=None) -> Draft:
+            return Draft(list(tokens[-self.span:])[:k])
+
+    @drafter("span-test", "test drafter: drafts the last tokens again", options=[
+        Option("span", int, 2, "how many of the last tokens to draft again", at_least(1), metavar="N")])
+    def build(request: DraftRequest) -> Drafter:
+        return Repeat(request.options["span"])
+
+    yield "span-test"
+    DRAFTERS.remove("span-test")
+    options.unregister("span-test")
+
+
+def test_a_drafters_own_option_works_in_a_method_spec(span_drafter, tiny):
+    from specdec.bench.methods import MethodFactory, method_forms, our_options
+    from specdec.options import GenerationOptions
+
+    assert "span-test[:k=K][:policy=P][:tree][:verify=V][:span=N]" in method_forms()
+    assert "ngram[:k=K][:policy=P][:tree][:verify=V]" in method_forms()  # only its owner's form shows it
+    base = GenerationOptions(temperature=0.5, top_k=7, seed=9)
+    chosen, alias = our_options("span-test:span=3:tree:k=2:policy=fixed", base)
+    assert alias is None
+    assert (chosen.drafter, chosen["span"], chosen.tree) == ("span-test", 3, True)
+    assert (chosen.num_draft, chosen.policy) == (2, "fixed")
+    assert (chosen.temperature, chosen.top_k, chosen.seed) == (0.5, 7, 9)  # the bench's sampling, kept
+    with pytest.raises(SpecdecError, match=r"^method 'span-test:span=0': span must be >= 1, got 0$"):
+        our_options("span-test:span=0", base)
+    # Run as a bench method: our stats come along, and greedy output is plain decoding's.
+    factory = MethodFactory(tiny, "tiny", "transformers", "float32", GenerationOptions())
+    ids = tiny.encode("the quick brown fox jumps over the lazy dog the quick brown fox")
+    plain = factory.build("plain").run(ids, 12, None)
+    spec = factory.build("span-test:span=3").run(ids, 12, None)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.new_tokens == len(spec.token_ids) and spec.target_forwards == spec.stats.target_forwards
+
+
+def test_a_benchmarks_totals_are_its_runs_steps_counted_once(tiny):
+    """GenerationStats.total (what the bench reports per category) equals counting every step of
+    every run into one GenerationStats: the numbers come from one place."""
+    from specdec.stats import GenerationStats
+
+    outs = [tiny.generate(p, max_new_tokens=20, drafter="ngram", tree=tree, num_draft=4)
+            for p, tree in (("hello world, hello there; hello world, hello", False),
+                            ("the quick brown fox jumps over the lazy dog the quick", True))]
+    total = GenerationStats.total(o.stats for o in outs)
+    counted = GenerationStats()
+    for o in outs:
+        for step in o.trace:
+            counted.add_step(step)
+    timings = ("prompt_tokens", "prefill_s", "wall_s", "draft_s", "verify_s")
+    assert {k: v for k, v in vars(total).items() if k not in timings} == \
+        {k: v for k, v in vars(counted).items() if k not in timings}
+    assert total.new_tokens == sum(len(o.token_ids) for o in outs)
+    report = total.bench_dict()
+    assert report["mean_accepted_length"] == round(total.new_tokens / total.target_forwards, 3)
+    assert report["alpha"] == round(total.accepted / (total.accepted + total.rejecting_steps), 4)

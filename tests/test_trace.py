@@ -18,7 +18,8 @@ from specdec.engine import DecodeConfig, decode
 from specdec.errors import SpecdecError
 from specdec.policies.fixed import FixedK
 from specdec.sampling import SamplingParams
-from specdec.trace import Detokenizer, document, load, save, segments, stats_of
+from specdec.trace import Detokenizer, document, load, segments, stats_of
+from specdec.views.files import save
 
 TARGET_FATES = {"correction", "bonus", "plain"}
 
@@ -179,3 +180,14 @@ def test_bad_trace_paths_are_refused_before_loading(capsys, tmp_path, no_loading
 def test_trace_path_check_is_usable_from_python(tmp_path):
     with pytest.raises(SpecdecError, match="folder"):
         save({"steps": []}, tmp_path / "sub" / "x.json")
+
+
+def test_the_trace_document_does_not_import_its_views():
+    """No import cycle: views read trace documents; a document knows nothing of its views."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdec.trace; "
+            "print(sorted(m for m in sys.modules if m.startswith('specdec.views')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec.trace import document, save
+from specdec.trace import document
 from specdec.views.browser import chromium
+from specdec.views.files import save
 
 PROMPT = "the quick brown fox the quick brown dog the quick brown cat the quick brown"
 

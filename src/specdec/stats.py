@@ -1,9 +1,10 @@
-"""Counters for one generation, computed from its step records, and the JSON shape the CLI and
-benchmarks report."""
+"""Counters for one generation, computed from its step records, and the JSON shapes the CLI and
+the benchmark report (a benchmark sums its runs' stats with :meth:`GenerationStats.total`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 
 from specdec import tree as trees
 from specdec.types import StepTrace
@@ -27,6 +28,7 @@ class GenerationStats:
     tree_nodes: int = 0  # draft nodes verified in steps whose draft branched
     accepted: int = 0
     draft_steps: int = 0  # steps that verified at least one draft token
+    rejecting_steps: int = 0  # steps that verified a draft and did not accept all of it
     bonus: int = 0  # target tokens earned because every draft token was accepted
     corrections: int = 0  # target tokens that replaced a rejected draft token
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -58,6 +60,7 @@ class GenerationStats:
         self.drafted += drafted
         self.accepted += step.accepted
         self.draft_steps += drafted > 0
+        self.rejecting_steps += step.accepted < drafted
         self.tree_nodes += drafted if step.parents is not None else 0
         if step.target_token is not None:
             self.bonus += step.kind == "bonus"
@@ -77,6 +80,61 @@ class GenerationStats:
     def acceptance_per_pos(self) -> list[float]:
         """P(draft position i accepted | it was verified)."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
+
+    @property
+    def judged(self) -> int:
+        """Draft tokens verification decided on: the accepted ones and the first rejected one of
+        each step (the tokens after it are never judged)."""
+        return self.accepted + self.rejecting_steps
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance, Leviathan et al.'s alpha: accepted / judged (0.0 when none was)."""
+        return self.accepted / self.judged if self.judged else 0.0
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Draft tokens verified per step that drafted (0.0 when none did)."""
+        return self.drafted / self.draft_steps if self.draft_steps else 0.0
+
+    @property
+    def draft_s_per_step(self) -> float:
+        return self.draft_s / self.draft_steps if self.draft_steps else 0.0
+
+    @classmethod
+    def total(cls, parts: Iterable[GenerationStats]) -> GenerationStats:
+        """Several generations' stats summed (a benchmark's category): counters and seconds add,
+        the per-position counts position by position."""
+        out = cls()
+        for part in parts:
+            for f in fields(cls):
+                mine, theirs = getattr(out, f.name), getattr(part, f.name)
+                if isinstance(mine, list):
+                    mine.extend([0] * (len(theirs) - len(mine)))
+                    for i, x in enumerate(theirs):
+                        mine[i] += x
+                else:
+                    setattr(out, f.name, mine + theirs)
+        return out
+
+    def bench_dict(self) -> dict:
+        """The drafting numbers of a ``specdec bench`` results.json (keys are a public contract;
+        None where a ratio has nothing to divide by)."""
+        return {
+            "mean_accepted_length": round(self.mean_accepted_length, 3) if self.target_forwards else None,
+            "acceptance_rate": round(self.acceptance_rate, 4) if self.drafted else None,
+            # For the cost-curve bound: per-token acceptance and the draft length of steps that drafted.
+            "alpha": round(self.alpha, 4) if self.judged else None,
+            "mean_draft_length": round(self.mean_draft_length, 3),
+            "draft_s_per_step": self.draft_s_per_step,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "drafted_per_pos": list(self.drafted_per_pos),
+            "acceptance_per_pos": [round(x, 4) for x in self.acceptance_per_pos],
+            "draft_forwards": self.draft_forwards,
+            "draft_forwards_per_accepted": (round(self.draft_forwards / self.accepted, 4) if self.accepted
+                                            else None),
+            "tree_nodes": self.tree_nodes,
+        }
 
     def to_dict(self) -> dict:
         """The ``stats`` object of ``specdec generate --json`` (keys are a public contract)."""

@@ -1,11 +1,13 @@
 """Trace files: every step of one generation (draft, verdict, timings) as a JSON document.
 
 The document is what the views read: ``specdec generate --trace out.html`` renders it as a
-self-contained page (:mod:`specdec.views.html`), ``--trace out.json`` saves it, ``specdec replay``
-renders a saved one in the terminal (:mod:`specdec.views.terminal`), and the live view builds the
-same step records as it goes. A step record is :meth:`specdec.types.StepTrace.to_dict` plus the
-text of its tokens; the generation's stats are recomputed from the step records, so the numbers a
-view shows and the ones ``--json`` reports come from one source.
+self-contained page (:mod:`specdec.views.html`), ``--trace out.json`` saves it (both through
+:func:`specdec.views.files.save`), ``specdec replay`` renders a saved one in the terminal
+(:mod:`specdec.views.terminal`), and the live view builds the same step records as it goes. A step
+record is :meth:`specdec.types.StepTrace.to_dict` plus the text of its tokens; the generation's
+stats are recomputed from the step records, so the numbers a view shows and the ones ``--json``
+reports come from one source. The views import this module, never the other way round: a document
+does not know its views.
 """
 
 from __future__ import annotations
@@ -182,23 +184,6 @@ def segments(record: dict) -> list[Segment]:
     if len(emitted) > accepted:
         out.append(Segment(emitted[-1], texts[len(emitted) - 1], record["kind"]))
     return out
-
-
-def save(doc: dict, path: str | Path) -> Path:
-    """Write ``doc`` as JSON or as a self-contained HTML page, by the file's suffix."""
-    path = Path(path)
-    check_path(path)
-    if path.suffix.lower() == ".html":
-        from specdec.views.html import render
-
-        content = render(doc)
-    else:
-        content = json.dumps(doc, ensure_ascii=False, allow_nan=False)
-    try:
-        path.write_text(content, encoding="utf-8")
-    except OSError as exc:
-        raise SpecdecError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
-    return path
 
 
 def check_path(path: str | Path) -> None:

@@ -1,9 +1,13 @@
 """Benchmark methods: ours through :meth:`specdec.Model.generate`, the peers through their own
 public APIs (transformers' ``generate``, llama-cpp-python's ``Llama.generate``).
 
-Method strings: ``plain`` and every registered drafter as ``NAME[:ALIAS][:tree][:k=K][:policy=P][:verify=V]``
-(``ALIAS`` for drafters that run a model; ``tree`` lets the draft branch), and the peers' ``hf-plain``, ``hf-lookup[:k=K]``,
-``hf-assisted:ALIAS``, ``llamacpp-plain``, ``llamacpp-lookup[:k=K]``.
+Method strings: ``plain`` and every registered drafter as
+``NAME[:ALIAS][:k=K][:policy=P][:tree][:verify=V][:OPTION=VALUE]`` (``ALIAS`` for drafters that run a
+model). Everything after the name is a generation option (:mod:`specdec.options`; ``k`` is
+``num_draft``, a bare boolean option's name such as ``tree`` turns it on), so an option a drafter
+declares in its own file works here unchanged; the sampling comes from the bench's flags, the same
+for every method. The peers: ``hf-plain``, ``hf-lookup[:k=K]``, ``hf-assisted:ALIAS``,
+``llamacpp-plain[:exact]``, ``llamacpp-lookup[:exact][:k=K]``.
 """
 
 from __future__ import annotations
@@ -13,56 +17,63 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdec import options as opts
 from specdec.api import Model, load
 from specdec.errors import SpecdecError
 from specdec.models import resolve
+from specdec.options import GenerationOptions, Option
 from specdec.registry import DRAFTERS
+from specdec.stats import GenerationStats
 
 PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
          "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp"}  # method -> the backend it needs
 PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain[:exact]",
               "llamacpp-lookup[:exact][:k=K]")
 BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain"}
-OUR_OPTIONS = ("k", "policy", "verify")
-TREE = "tree"  # the flag that lets our draft branch (ngram:tree, model:ALIAS:tree)
 
 
 def method_forms() -> list[str]:
-    """Every method string this build understands (ours from the drafter registry, then the peers')."""
-    ours = ["plain"] + [f"{e.name}{':ALIAS' if e.needs_draft_model else ''}[:tree][:k=K][:policy=P][:verify=V]"
-                        for e in DRAFTERS if e.name != "none"]
+    """Every method string this build understands (ours from the drafter registry and the option
+    specs, a drafter's own options on its form, then the peers')."""
+    core = [o for o in _spec_options() if o.owner is None]
+    ours = ["plain"]
+    for entry in DRAFTERS:
+        if entry.name == "none":
+            continue
+        own = [o for o in entry.options if o.bench and o.scope == "generation"]
+        ours.append(entry.name + (":ALIAS" if entry.needs_draft_model else "")
+                    + "".join(_form(o) for o in core + own))
     return ours + list(PEER_FORMS)
+
+
+def _spec_options() -> list[Option]:
+    return [o for o in opts.generation_options() if o.bench]
+
+
+def _form(option: Option) -> str:
+    key = option.bench_key or option.name
+    if option.type is bool:
+        return f"[:{key}]"
+    return f"[:{key}={option.metavar or key[0].upper()}]"
 
 
 @dataclass
 class RunResult:
-    """One method on one question."""
+    """One method on one question.
+
+    ``stats`` are our generation's own counters (:class:`specdec.stats.GenerationStats`; None for
+    the peers, which do not expose them); ``peer_forwards`` the target forwards a peer made,
+    counted by a hook where its library allows one.
+    """
 
     token_ids: list[int]
     wall_s: float
-    # Ours only: counters for acceptance (None for peers, which do not expose them).
-    target_forwards: int | None = None
-    drafted: int | None = None
-    accepted: int | None = None
-    draft_steps: int | None = None  # steps that verified at least one draft token
-    rejections: int | None = None  # steps where a draft token was rejected
-    draft_s: float | None = None
-    accepted_per_pos: list[int] | None = None
-    drafted_per_pos: list[int] | None = None
-    draft_forwards: int | None = None  # draft-model forwards (0 for drafters without a model)
-    tree_nodes: int | None = None  # draft nodes verified in steps whose draft branched
-
-
-@dataclass
-class Sampling:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
+    stats: GenerationStats | None = None
+    peer_forwards: int | None = None
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+    def target_forwards(self) -> int | None:
+        return self.stats.target_forwards if self.stats is not None else self.peer_forwards
 
 
 class Method(ABC):
@@ -84,20 +95,16 @@ class Method(ABC):
 class OurMethod(Method):
     name: str
     model: Model
-    kwargs: dict
-    sampling: Sampling
+    options: GenerationOptions  # validated; max_new_tokens and seed are set per question
+    draft_model: Model | None = None
     family: str = "ours"
 
     def run(self, prompt_ids, max_new_tokens, seed):
+        options = self.options.with_(max_new_tokens=max_new_tokens, seed=seed)
         t0 = time.perf_counter()
-        out = self.model.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=self.sampling.temperature,
-                                  top_k=self.sampling.top_k, top_p=self.sampling.top_p, seed=seed, **self.kwargs)
+        out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model)
         wall = time.perf_counter() - t0
-        s = out.stats
-        rejections = sum(st.accepted < len(st.drafted) for st in out.trace if st.drafted)
-        return RunResult(out.token_ids, wall, s.target_forwards, s.drafted, s.accepted, s.draft_steps,
-                         rejections, s.draft_s, s.accepted_per_pos, s.drafted_per_pos, s.draft_forwards,
-                         s.tree_nodes)
+        return RunResult(out.token_ids, wall, stats=out.stats)
 
 
 @dataclass
@@ -107,7 +114,7 @@ class HFMethod(Method):
     eos: list[int]
     pad: int
     extra: dict
-    sampling: Sampling
+    options: GenerationOptions  # the sampling is read from it
     family: str = "hf"
 
     def run(self, prompt_ids, max_new_tokens, seed):
@@ -116,13 +123,13 @@ class HFMethod(Method):
         ids = torch.tensor([prompt_ids])
         kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
                       attention_mask=torch.ones_like(ids), **self.extra)
-        if self.sampling.greedy:
+        s = self.options
+        if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         else:
             if seed is not None:
                 torch.manual_seed(seed)
-            kwargs.update(do_sample=True, temperature=self.sampling.temperature,
-                          top_k=self.sampling.top_k or None, top_p=self.sampling.top_p)
+            kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
         calls = [0]
         # Counting the target's forwards gives the peers' mean accepted length too (their first
         # forward takes the prompt with the first token's work, so every forward counts).
@@ -134,7 +141,7 @@ class HFMethod(Method):
             wall = time.perf_counter() - t0
         finally:
             hook.remove()
-        return RunResult(out[0, len(prompt_ids):].tolist(), wall, target_forwards=calls[0])
+        return RunResult(out[0, len(prompt_ids):].tolist(), wall, peer_forwards=calls[0])
 
 
 @dataclass
@@ -142,11 +149,11 @@ class LlamaMethod(Method):
     name: str
     llama: object
     eos: set[int]
-    sampling: Sampling
+    options: GenerationOptions  # the sampling is read from it
     family: str = "llamacpp"
 
     def run(self, prompt_ids, max_new_tokens, seed):
-        s = self.sampling
+        s = self.options
         # A fresh start: Llama.generate would otherwise reuse the KV cache of a shared prefix.
         self.llama.reset()
         if seed is not None:
@@ -164,49 +171,42 @@ class LlamaMethod(Method):
 
 @dataclass
 class MethodFactory:
-    """Builds methods for one target model, loading each peer model at most once."""
+    """Builds methods for one target model, loading each peer model at most once.
+
+    ``options`` are the bench's (its sampling flags); each of our methods adds what its spec chose.
+    """
 
     model: Model
     model_name: str
     backend: str
     dtype: str
-    sampling: Sampling
+    options: GenerationOptions
     _cache: dict = field(default_factory=dict)
 
     def build(self, spec: str) -> Method:
-        head, args, options = _split(spec)
+        head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
-            return self._ours(spec, head, args, options)
+            return self._ours(spec)
         if head.startswith("hf-"):
-            return self._hf(spec, head, args, options)
+            return self._hf(spec, head, args, pairs)
         if head.startswith("llamacpp-"):
-            return self._llamacpp(spec, head, args, options)
+            return self._llamacpp(spec, head, args, pairs)
         raise _unknown(spec)
 
-    def _ours(self, spec, head, args, options) -> Method:
-        entry = DRAFTERS.get("none" if head == "plain" else head)
-        kwargs: dict = {"drafter": entry.name}
-        _check_ours(spec, entry, args, options)
-        if TREE in args:
-            kwargs["tree"] = True
-            args = [a for a in args if a != TREE]
-        if entry.needs_draft_model:
-            kwargs["draft_model"] = self._once(("ours", args[0]), lambda: load(args[0], dtype=self.dtype,
-                                                                             backend=self.backend,
-                                                                             exact=self.model.exact))
-        if "k" in options:
-            kwargs["num_draft"] = _positive(spec, options["k"])
-        for key in ("policy", "verify"):
-            if key in options:
-                kwargs[key] = options[key]
-        return OurMethod(spec, self.model, kwargs, self.sampling)
+    def _ours(self, spec: str) -> Method:
+        options, alias = our_options(spec, self.options)
+        draft_model = None
+        if alias is not None:
+            draft_model = self._once(("ours", alias), lambda: load(alias, dtype=self.dtype,
+                                                                   backend=self.backend, exact=self.model.exact))
+        return OurMethod(spec, self.model, options, draft_model)
 
-    def _hf(self, spec, head, args, options) -> Method:
+    def _hf(self, spec, head, args, pairs) -> Method:
         if self.backend != "transformers":
             raise SpecdecError(f"method {spec!r} runs on --backend transformers (this run is {self.backend})")
         extra: dict = {}
         if head == "hf-lookup":
-            extra["prompt_lookup_num_tokens"] = _positive(spec, options.pop("k", "10"))
+            extra["prompt_lookup_num_tokens"] = _positive(spec, pairs.pop("k", "10"))
         elif head == "hf-assisted":
             if len(args) != 1:
                 raise SpecdecError(f"method {spec!r}: write hf-assisted:ALIAS")
@@ -219,11 +219,11 @@ class MethodFactory:
                 extra.update(tokenizer=self.model.tokenizer, assistant_tokenizer=assistant)
         elif head != "hf-plain":
             raise _unknown(spec)
-        _no_more(spec, options)
+        _no_more(spec, pairs)
         tok = self.model.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(self.model.eos_token_ids)[0]
         return HFMethod(spec, self._hf_model(self.model_name), sorted(self.model.eos_token_ids), pad, extra,
-                        self.sampling)
+                        self.options)
 
     def _hf_model(self, name: str):
         """An untouched transformers model, loaded as a user would (our Model's kernels are rerouted)."""
@@ -236,7 +236,7 @@ class MethodFactory:
 
         return self._once(("hf", name), make)
 
-    def _llamacpp(self, spec, head, args, options) -> Method:
+    def _llamacpp(self, spec, head, args, pairs) -> Method:
         if self.backend != "llamacpp":
             raise SpecdecError(f"method {spec!r} runs on --backend llamacpp (this run is {self.backend})")
         if head not in ("llamacpp-plain", "llamacpp-lookup"):
@@ -256,11 +256,11 @@ class MethodFactory:
         elif args:
             raise SpecdecError(f"method {spec!r}: write {head}[:exact]")
         if head == "llamacpp-lookup":
-            k = _positive(spec, options.pop("k", "10"))
+            k = _positive(spec, pairs.pop("k", "10"))
             # logits_all: without it llama-cpp-python's lookup crashes on prompts over 512 tokens.
             kwargs.update(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k), logits_all=True)
-        _no_more(spec, options)
-        return LlamaMethod(spec, Llama(**kwargs), set(self.model.eos_token_ids), self.sampling)
+        _no_more(spec, pairs)
+        return LlamaMethod(spec, Llama(**kwargs), set(self.model.eos_token_ids), self.options)
 
     def _once(self, key, make: Callable):
         if key not in self._cache:
@@ -268,12 +268,32 @@ class MethodFactory:
         return self._cache[key]
 
 
-def check_specs(specs: list[str], backend: str) -> None:
+def our_options(spec: str, base: GenerationOptions) -> tuple[GenerationOptions, str | None]:
+    """The validated options one of our method strings chose over ``base``, and its draft model's
+    alias (None for drafters without a model). Mistakes read ``method 'SPEC': ...``."""
+    head, args, pairs = _split(spec)
+    entry = DRAFTERS.get("none" if head == "plain" else head)
+    switches = {o.bench_key or o.name: o for o in _spec_options() if o.type is bool}
+    words = [a for a in args if a not in switches]
+    values = {a: "true" for a in args if a in switches} | pairs
+    if len(words) != int(entry.needs_draft_model):
+        raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model
+                           else f"method {spec!r}: {entry.name} takes no model")
+    try:
+        options = opts.from_spec(values, base.with_(drafter=entry.name))
+    except SpecdecError as exc:
+        raise SpecdecError(f"method {spec!r}: {exc}") from None
+    if entry.name == "none" and options.tree:
+        raise SpecdecError(f"method {spec!r}: plain decoding drafts nothing to branch")
+    return options, (words[0] if words else None)
+
+
+def check_specs(specs: list[str], backend: str, base: GenerationOptions) -> None:
     """Refuse malformed methods, and peers of the other backend, before any model is loaded."""
     for spec in specs:
-        head, args, options = _split(spec)
+        head, _, _ = _split(spec)
         if head == "plain" or head in DRAFTERS:
-            _check_ours(spec, DRAFTERS.get("none" if head == "plain" else head), args, options)
+            our_options(spec, base)
         elif head in PEERS:
             if PEERS[head] != backend:
                 raise SpecdecError(f"method {spec!r} runs on --backend {PEERS[head]} (this run is {backend})")
@@ -281,37 +301,17 @@ def check_specs(specs: list[str], backend: str) -> None:
             raise _unknown(spec)
 
 
-def _check_ours(spec: str, entry, args: list[str], options: dict) -> None:
-    from specdec.registry import POLICIES
-    from specdec.sampling import VERIFY_MODES
-
-    if TREE in args:
-        if entry.name == "none":
-            raise SpecdecError(f"method {spec!r}: plain decoding drafts nothing to branch")
-        args = [a for a in args if a != TREE]
-
-    if len(args) != int(entry.needs_draft_model):
-        raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model
-                           else f"method {spec!r}: {entry.name} takes no model")
-    _no_more(spec, {k: v for k, v in options.items() if k not in OUR_OPTIONS})
-    if "k" in options:
-        _positive(spec, options["k"])
-    if "policy" in options:
-        POLICIES.get(options["policy"])
-    if options.get("verify", "coupled") not in VERIFY_MODES:
-        raise SpecdecError(f"method {spec!r}: verify must be one of {', '.join(VERIFY_MODES)}")
-
-
 def _split(spec: str) -> tuple[str, list[str], dict[str, str]]:
     parts = [p for p in spec.strip().split(":")]
     if not parts or not parts[0]:
         raise _unknown(spec)
     args = [p for p in parts[1:] if "=" not in p]
-    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    return parts[0], args, options
+    pairs = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    return parts[0], args, pairs
 
 
 def _positive(spec: str, value: str) -> int:
+    """A peer's ``k`` (its own library's parameter, not one of our options)."""
     try:
         k = int(value)
     except ValueError:
@@ -321,9 +321,9 @@ def _positive(spec: str, value: str) -> int:
     return k
 
 
-def _no_more(spec: str, options: dict) -> None:
-    if options:
-        raise SpecdecError(f"method {spec!r}: unknown option(s) {', '.join(options)}")
+def _no_more(spec: str, pairs: dict) -> None:
+    if pairs:
+        raise SpecdecError(f"method {spec!r}: unknown option(s) {', '.join(pairs)}")
 
 
 def _unknown(spec: str) -> SpecdecError:

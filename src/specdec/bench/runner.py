@@ -12,7 +12,9 @@ import torch
 from specdec.api import Model
 from specdec.bench.methods import Method, RunResult
 from specdec.bench.questions import Question
+from specdec.context import Learned
 from specdec.costs import CostModel
+from specdec.stats import GenerationStats
 
 
 @dataclass
@@ -30,7 +32,7 @@ class BenchRun:
 WARMUP_PROMPT = "Say hello."
 
 
-def snapshot(state: dict) -> dict:
+def snapshot(state: Learned) -> Learned:
     """A copy of learned state: its containers and counters are new, while tensors and cost
     curves are shared (tensors there are only ever replaced, never written into, and the cost
     curve measures the machine, not a method)."""
@@ -83,7 +85,7 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     # What each of our methods has learned (recycled tables, a self-drafter's head, acceptance
     # tables) is its own: a table primed by another method's pass over the same question would be a
     # second pass, not an unseen prompt. Each repeat starts from the state before the question.
-    learned = {m.name: {} for m in methods}
+    learned = {m.name: Learned() for m in methods}
     warmup = model.encode(WARMUP_PROMPT, chat=chat)
     for method in list(bench.methods):
         model.learned = learned[method.name]
@@ -149,39 +151,13 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
                 q = bench.questions[diff]
                 stats["first_difference"] = {"question_id": q.question_id, "category": q.category,
                                              "position": _first_mismatch(runs[diff].token_ids, base[diff].token_ids)}
-    if rs and rs[0].target_forwards is not None:
-        forwards = sum(r.target_forwards for r in rs)
-        stats["mean_accepted_length"] = round(new / forwards, 3) if forwards else None
-    if rs and rs[0].drafted is not None:
-        forwards = sum(r.target_forwards for r in rs)
-        drafted = sum(r.drafted for r in rs)
-        judged = sum(r.accepted + r.rejections for r in rs)
-        stats["mean_accepted_length"] = round(new / forwards, 3) if forwards else None
-        stats["acceptance_rate"] = round(sum(r.accepted for r in rs) / drafted, 4) if drafted else None
-        # Extra keys for the cost-curve bound: per-token acceptance (tokens after a rejection are
-        # never judged) and the mean draft length of the steps that drafted.
-        stats["alpha"] = round(sum(r.accepted for r in rs) / judged, 4) if judged else None
-        steps = sum(r.draft_steps for r in rs)
-        stats["mean_draft_length"] = round(drafted / steps, 3) if steps else 0.0
-        stats["draft_s_per_step"] = sum(r.draft_s for r in rs) / steps if steps else 0.0
-        accepted_pos, drafted_pos = _sum_lists(r.accepted_per_pos for r in rs), _sum_lists(r.drafted_per_pos for r in rs)
-        stats["accepted_per_pos"], stats["drafted_per_pos"] = accepted_pos, drafted_pos
-        stats["acceptance_per_pos"] = [round(a / d, 4) if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)]
-        accepted = sum(r.accepted for r in rs)
-        stats["draft_forwards"] = sum(r.draft_forwards or 0 for r in rs)
-        stats["draft_forwards_per_accepted"] = round(stats["draft_forwards"] / accepted, 4) if accepted else None
-        stats["tree_nodes"] = sum(r.tree_nodes or 0 for r in rs)
+    if rs and rs[0].stats is not None:
+        stats.update(GenerationStats.total(r.stats for r in rs).bench_dict())
+    elif rs and rs[0].target_forwards is not None:
+        # A peer's forwards, counted by a hook: its mean accepted length (it has no drafting counters).
+        counted = GenerationStats(new_tokens=new, target_forwards=sum(r.target_forwards for r in rs))
+        stats["mean_accepted_length"] = counted.bench_dict()["mean_accepted_length"]
     return stats
-
-
-def _sum_lists(lists) -> list[int]:
-    total: list[int] = []
-    for xs in lists:
-        for i, x in enumerate(xs or ()):
-            if i == len(total):
-                total.append(0)
-            total[i] += x
-    return total
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:

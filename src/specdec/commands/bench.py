@@ -11,8 +11,9 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specdec import options
 from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
-                                     check_sampling, load_options)
+                                     load_options)
 from specdec.errors import SpecdecError
 
 NAME = "bench"
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args.limit, "--limit")
     check_positive(args.max_new_tokens, "--max-new-tokens")
     check_positive(args.repeats, "--repeats")
-    check_sampling(args)
+    base = options.from_args(args)  # the sampling every method shares; a method adds its own options
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--methods needs --questions FILE.jsonl")
     from specdec.bench.methods import check_specs
 
-    check_specs(specs, args.backend)
+    check_specs(specs, args.backend, base)
     out = _output_folder(args.out)
     questions = []
     if specs:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.api import load
     from specdec.bench import cost_curve, plots
-    from specdec.bench.methods import BASELINES, MethodFactory, Sampling
+    from specdec.bench.methods import BASELINES, MethodFactory
     from specdec.commands.common import quiet_libraries
     from specdec.cpu import machine_tag
     from specdec.models import resolve
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     check_context(resolve(args.model), args.max_new_tokens)  # after the cheap checks: it may download
     quiet_libraries()
     model = load(args.model, **load_options(args))
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    factory = MethodFactory(model, args.model, args.backend, args.dtype, sampling)
+    factory = MethodFactory(model, args.model, args.backend, args.dtype, base)
     methods = [factory.build(s) for s in specs]
     # Every speed-up needs its family's plain method in the same run.
     for family in {m.family for m in methods}:
@@ -181,10 +181,11 @@ def _write_outputs(out: Path, bench) -> None:
     with open(out / "outputs.jsonl", "w") as fh:
         for m in bench.methods:
             for q, r in zip(bench.questions, bench.runs[m.name]):
+                s = r.stats
                 fh.write(json.dumps({"question_id": q.question_id, "category": q.category, "method": m.name,
                                      "token_ids": r.token_ids, "wall_s": round(r.wall_s, 4),
-                                     "target_forwards": r.target_forwards, "drafted": r.drafted,
-                                     "accepted": r.accepted}) + "\n")
+                                     "target_forwards": r.target_forwards, "drafted": None if s is None else s.drafted,
+                                     "accepted": None if s is None else s.accepted}) + "\n")
 
 
 def _print_cost_curve(console: Console, curve: dict[int, float], results: dict) -> None:
