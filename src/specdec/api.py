@@ -73,7 +73,7 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
     tokenizer, eos = _load_tokenizer(resolved)
     weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True, exact=exact))
     return Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
-                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact)
+                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact, batched=weights.batched)
 
 
 def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
@@ -111,7 +111,8 @@ class Model:
 
     def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
                  eos: frozenset[int] = frozenset(), backend_name: str = "transformers",
-                 cost_key: str = "", hf_model=None, exact: bool = False) -> None:
+                 cost_key: str = "", hf_model=None, exact: bool = False,
+                 batched: Callable[[int], Any] | None = None) -> None:
         self.name = name
         self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
         self.codec = TextCodec(tokenizer, name)
@@ -125,6 +126,9 @@ class Model:
         self._logit_width: int | None = None
         self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
         self.memory: NgramMemory | None = None  # earlier outputs for the n-gram drafters (enable_memory)
+        self._batched_factory = batched
+        self._layer_access: bool | None = None
+        self.batched = None  # the SharedSequences all generations step in, once enable_batching ran
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:
@@ -183,6 +187,24 @@ class Model:
         self.memory = NgramMemory.load(path, capacity) if path else NgramMemory(capacity=capacity)
         return self.memory
 
+    @property
+    def can_batch(self) -> bool:
+        """Whether this model's backend can step several generations in one forward."""
+        return self._batched_factory is not None
+
+    def enable_batching(self, slots: int) -> None:
+        """Run up to ``slots`` concurrent generations' forwards as one batch (continuous batching:
+        a generation joins and leaves between steps). Each generation's draft length is then
+        planned on the marginal cost of its rows in the batch. With exact kernels batching does
+        not change any generation's tokens."""
+        if self._batched_factory is None:
+            raise SpecdecError(f"the {self.backend_name} backend cannot batch several sequences in one forward "
+                               f"(use --backend llamacpp, or serve without batching)")
+        shared = self._batched_factory(slots)
+        shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
+        self.batched = shared
+        self.pool = BackendPool(shared.backend, max_idle=slots)
+
     def shared(self, key: str, make: Callable[[], Any]) -> Any:
         """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""
         return self._learned.get(LearnedSlot(key, make))
@@ -204,10 +226,11 @@ class Model:
         def logit_width() -> int:
             return self.logit_width
 
-        with self.pool.lease() as backend:
-            layers = isinstance(backend, LayerAccess)
+        if self._layer_access is None:
+            with self.pool.lease() as backend:
+                self._layer_access = isinstance(backend, LayerAccess)
         return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self._learned,
-                            logit_width, self.memory, self.backend_name, layers)
+                            logit_width, self.memory, self.backend_name, self._layer_access)
 
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | None = None,
                 options: GenerationOptions | None = None, *, tree: bool | None = None) -> Drafter:

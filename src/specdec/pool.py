@@ -25,6 +25,7 @@ class BackendPool:
         return self.make()
 
     def give(self, backend: Backend) -> None:
+        backend.idle()
         with self._lock:
             if len(self._idle) < self.max_idle:
                 self._idle.append(backend)

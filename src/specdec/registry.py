@@ -166,6 +166,9 @@ class LoadedWeights:
     cost_key: str  # what the forward cost depends on besides the machine (model, dtype, kernels)
     hf_model: Any = None  # the transformers model, when there is one
     exact: bool = False  # guaranteed: a forward's logits per row do not depend on the batch shape
+    # slots -> a SharedSequences-like object whose ``backend()`` sequences step in one forward
+    # (continuous batching); None: the backend runs each sequence's forwards on their own.
+    batched: Callable[[int], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,17 @@ new file implementing these members, registered with :func:`specdec.registry.bac
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
 
 from specdec import tree as trees
+
+if TYPE_CHECKING:
+    from specdec.costs import CostModel
 
 
 class Backend(ABC):
@@ -64,6 +69,15 @@ class Backend(ABC):
         """Fill the cache with ``tokens`` without needing their logits."""
         if tokens:
             self.extend(tokens, last_only=True)
+
+    def forward_costs(self, costs: CostModel) -> CostModel:
+        """What a forward of n new tokens costs *this sequence*, given the model's measured curve:
+        the curve itself, unless the backend runs its forwards in a batch with other sequences'
+        (then the marginal cost of its rows on top of theirs)."""
+        return costs
+
+    def idle(self) -> None:
+        """The backend went back to its pool: it will not step until its next generation starts."""
 
 
 def check_extend(tokens: Sequence[int], tree: Sequence[int] | None = None, supports_tree: bool = False) -> None:

@@ -14,6 +14,7 @@ V), which keeps every row on the per-row reference kernel that skips masked cell
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -158,7 +159,12 @@ def _load(request: LoadRequest) -> LoadedWeights:
     if gguf is None:
         raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
     weights = load_llamacpp(str(gguf), exact=request.exact)
-    return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact)
+
+    def batched(slots: int):
+        from specdec.backends.llamacpp_batched import SharedSequences
+
+        return SharedSequences(weights, slots)
+    return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact, batched=batched)
 
 
 class LlamaCppBackend(Backend):
@@ -173,30 +179,45 @@ class LlamaCppBackend(Backend):
 
     supports_tree = True
 
-    def __init__(self, weights: LlamaCppWeights) -> None:
-        llama_cpp = _llama()
+    def __init__(self, weights: LlamaCppWeights, *, shared=None, seq0: int = 0, branches: int = MAX_BRANCHES) -> None:
         self.weights = weights  # keeps the model alive as long as the context
         self.vocab_size = weights.vocab_size
         self.max_length = weights.n_ctx
+        # Sequence ids seq0 .. seq0 + branches - 1 are this sequence's (its own, then a tree's branches).
+        self.seq0, self.branches = seq0, branches
+        self._shared = shared  # a SharedSequences whose ticks run this sequence's forwards, or None
+        if shared is None:
+            self.ctx = self.new_context(weights, weights.n_ctx, branches)
+            self.batch = _llama().llama_batch_init(weights.n_batch, 0, branches)
+            self._kv = contextlib.nullcontext()
+        else:
+            self.ctx, self.batch, self._kv = shared.ctx, None, shared.kv
+        self.tokens: list[int] = []
+        self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
+
+    @staticmethod
+    def new_context(weights: LlamaCppWeights, n_ctx: int, n_seq_max: int, unified: bool = True):
+        """A llama.cpp context on ``weights`` with its kernels and ``n_ctx`` KV cells for up to
+        ``n_seq_max`` sequence ids: shared by all of them (``unified``: tree branches share their
+        prefix's cells) or split into one stream per id."""
+        llama_cpp = _llama()
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = weights.n_ctx
+        params.n_ctx = n_ctx
         params.n_batch = weights.n_batch
         params.n_ubatch = weights.n_batch
         params.n_threads = weights.n_threads
         params.n_threads_batch = weights.n_threads
         # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
         params.swa_full = True
-        params.n_seq_max = MAX_BRANCHES
-        params.kv_unified = True  # branches share the prefix's cells
+        params.n_seq_max = n_seq_max
+        params.kv_unified = unified
         kernels = weights.kernels
         params.flash_attn_type = kernels.flash_attn
         params.type_k, params.type_v = kernels.type_k, kernels.type_v
-        self.ctx = llama_cpp.llama_init_from_model(weights.model, params)
-        if not self.ctx:
+        ctx = llama_cpp.llama_init_from_model(weights.model, params)
+        if not ctx:
             raise SpecdecError("llama.cpp could not create a context")
-        self.batch = llama_cpp.llama_batch_init(weights.n_batch, 0, MAX_BRANCHES)
-        self.tokens: list[int] = []
-        self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
+        return ctx
 
     @property
     def length(self) -> int:
@@ -209,8 +230,8 @@ class LlamaCppBackend(Backend):
             raise ValueError("a tree extend must be followed by truncate, not another extend")
         if min(tokens) < 0 or max(tokens) >= self.vocab_size:  # llama.cpp would wrap them silently
             raise SpecdecError(f"token ids must be in 0..{self.vocab_size - 1}")
-        if len(self.tokens) + len(tokens) > self.weights.n_ctx:
-            raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.weights.n_ctx} tokens")
+        if len(self.tokens) + len(tokens) > self.max_length:
+            raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.max_length} tokens")
         if tree is not None:
             return torch.from_numpy(self._decode_tree(list(tokens), list(tree), last_only))
         rows: list[np.ndarray] = []
@@ -225,22 +246,23 @@ class LlamaCppBackend(Backend):
     def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
         base, n = len(self.tokens), len(chunk)
         wanted = [want_all or (want_last and i == n - 1) for i in range(n)]
-        return self._run_batch(chunk, [base + i for i in range(n)], [[0]] * n, wanted)
+        return self._run_batch(chunk, [base + i for i in range(n)], [[self.seq0]] * n, wanted)
 
     def _decode_tree(self, tokens: list[int], tree: list[int], last_only: bool) -> np.ndarray:
         leaves = trees.leaves(tree)
-        if len(leaves) > MAX_BRANCHES or len(tokens) > self.weights.n_batch:
-            raise ValueError(f"a tree for this backend has at most {MAX_BRANCHES} leaves and "
+        if len(leaves) > self.branches or len(tokens) > self.weights.n_batch:
+            raise ValueError(f"a tree for this backend has at most {self.branches} leaves and "
                              f"{self.weights.n_batch} nodes")
         start = len(self.tokens)
         branches = [trees.path_to(tree, leaf) for leaf in leaves]
         ids: list[list[int]] = [[] for _ in tokens]
         for b, path in enumerate(branches):
             for node in path:
-                ids[node].append(b)
+                ids[node].append(self.seq0 + b)
         mem = _llama().llama_get_memory(self.ctx)
-        for b in range(1, len(branches)):
-            _llama().llama_memory_seq_cp(mem, 0, b, 0, start)  # the prefix, shared (unified KV)
+        with self._kv:
+            for b in range(1, len(branches)):
+                _llama().llama_memory_seq_cp(mem, self.seq0, self.seq0 + b, 0, start)  # the prefix, shared
         depth = trees.depths(tree)
         wanted = [not last_only or i == len(tokens) - 1 for i in range(len(tokens))]
         out = self._run_batch(tokens, [start + d - 1 for d in depth], ids, wanted)
@@ -249,6 +271,11 @@ class LlamaCppBackend(Backend):
 
     def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
                    wanted: list[bool]) -> np.ndarray:
+        if self._shared is not None:
+            _decoded["any"] = True
+            out = self._shared.decode(self._shared.submission(self.slot, list(tokens), positions, seq_ids, wanted))
+            self.tokens.extend(tokens)
+            return out
         batch, n = self.batch, len(tokens)
         batch.n_tokens = n
         for i, tok in enumerate(tokens):
@@ -287,7 +314,9 @@ class LlamaCppBackend(Backend):
         if length == len(self.tokens):
             return
         mem = _llama().llama_get_memory(self.ctx)
-        if not _llama().llama_memory_seq_rm(mem, 0, length, -1):
+        with self._kv:
+            removed = _llama().llama_memory_seq_rm(mem, self.seq0, length, -1)
+        if not removed:
             # Partial removal impossible for this cache type: rebuild the prefix instead.
             kept = self.tokens[:length]
             self.reset()
@@ -297,31 +326,39 @@ class LlamaCppBackend(Backend):
 
     def _keep_branch(self, start: int, keep: list[int], branches: list[list[int]]) -> None:
         """Sequence 0 becomes the prefix plus the path ``keep`` (offsets into the last tree extend)."""
-        lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
+        lib, mem, s0 = _llama(), _llama().llama_get_memory(self.ctx), self.seq0
         last = keep[-1] if keep else -1
         chosen = next(b for b, path in enumerate(branches) if last < 0 or last in path)
-        for b in range(1, len(branches)):
-            if b != chosen:
-                lib.llama_memory_seq_rm(mem, b, -1, -1)
-        if chosen != 0:
-            lib.llama_memory_seq_rm(mem, 0, start, -1)
-            lib.llama_memory_seq_cp(mem, chosen, 0, start, -1)
-            lib.llama_memory_seq_rm(mem, chosen, -1, -1)
-        lib.llama_memory_seq_rm(mem, 0, start + len(keep), -1)  # the branch below the kept path
+        with self._kv:
+            for b in range(1, len(branches)):
+                if b != chosen:
+                    lib.llama_memory_seq_rm(mem, s0 + b, -1, -1)
+            if chosen != 0:
+                lib.llama_memory_seq_rm(mem, s0, start, -1)
+                lib.llama_memory_seq_cp(mem, s0 + chosen, s0, start, -1)
+                lib.llama_memory_seq_rm(mem, s0 + chosen, -1, -1)
+            lib.llama_memory_seq_rm(mem, s0, start + len(keep), -1)  # the branch below the kept path
         self.tokens[start:] = [self.tokens[start + o] for o in keep]
 
     def _drop_branches(self, start: int, count: int) -> None:
         lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
-        for b in range(1, count):
-            lib.llama_memory_seq_rm(mem, b, -1, -1)
+        with self._kv:
+            for b in range(1, count):
+                lib.llama_memory_seq_rm(mem, self.seq0 + b, -1, -1)
 
     def reset(self) -> None:
-        _llama().llama_memory_clear(_llama().llama_get_memory(self.ctx), True)
+        lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
+        if self._shared is None:
+            lib.llama_memory_clear(mem, True)
+        else:
+            with self._kv:  # only this sequence's ids: the others share the context
+                for s in range(self.seq0, self.seq0 + self.branches):
+                    lib.llama_memory_seq_rm(mem, s, -1, -1)
         self.tokens = []
         self._last = (0, None, [])
 
     def __del__(self) -> None:
-        if getattr(self, "ctx", None):
+        if getattr(self, "_shared", None) is None and getattr(self, "ctx", None):
             _llama().llama_batch_free(self.batch)
             _llama().llama_free(self.ctx)
             self.ctx = None

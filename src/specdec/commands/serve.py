@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
                      help="generations in progress at once, each with its own KV cache; more wait in line (default: 4)")
     srv.add_argument("--max-tokens", type=int, default=256, metavar="N",
                      help="new tokens for a request that gives no max_tokens (default: 256)")
+    srv.add_argument("--batch", action=argparse.BooleanOptionalAction, default=None,
+                     help="continuous batching: the running generations' steps go into one forward (default: on "
+                          "where the backend can, llama.cpp; with exact kernels no answer changes)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -67,7 +70,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     flag (``--verify`` and drafters' own options included) is the default of requests."""
     from specdec.server.app import ServeConfig
 
-    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens)
+    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,11 +40,15 @@ class AdaptiveK(DraftPolicy):
                  min_survival: float = 0.2) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise SpecdecError(f"the number of draft tokens must be a whole number >= 1, got {k}")
-        self.costs = costs
+        self.curve = costs  # the model's measured curve
+        self.costs = costs  # what this generation's forwards cost (the curve, or a batch's margin)
         self.k = k
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
         self.min_survival = min_survival
         self._last: int | None = None  # rows of this generation's previous forward (None: the prefill)
+
+    def begin(self, target) -> None:
+        self.costs = target.forward_costs(self.curve)
 
     def max_k(self) -> int:
         return self.k

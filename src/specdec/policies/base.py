@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from specdec.backends.base import Backend
 from specdec.types import Draft
 
 
 class DraftPolicy(ABC):
     """Chooses how much to draft and verify, and learns from what verification kept."""
+
+    def begin(self, target: Backend) -> None:
+        """A generation starts on ``target`` (policies that price forwards ask it what they cost)."""
 
     @abstractmethod
     def max_k(self) -> int:

@@ -41,6 +41,7 @@ class ServeConfig:
     slots: int = 4  # generations in progress at once (each holds a KV cache)
     max_tokens: int = 256  # when a request gives no max_tokens
     max_body: int = 1 << 20  # bytes
+    batch: bool | None = None  # step generations in one forward (None: where the backend can)
 
 
 class Server:
@@ -54,6 +55,10 @@ class Server:
         self.metrics = ServerMetrics()
         self.scheduler: Scheduler | None = None
         self.started = time.time()
+        if self.config.batch is None:
+            self.config.batch = model.can_batch
+        if self.config.batch and model.batched is None:
+            model.enable_batching(self.config.slots)
 
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
@@ -135,7 +140,7 @@ class Server:
         """The FastAPI app (its request bodies accept every option registered by now)."""
         @asynccontextmanager
         async def lifespan(app: FastAPI):
-            self.scheduler = Scheduler(self.config.slots, self.metrics)
+            self.scheduler = Scheduler(self.config.slots, self.metrics, serial=not self.config.batch)
             yield
 
         app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None)

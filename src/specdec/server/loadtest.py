@@ -1,7 +1,10 @@
-"""A bounded load test of a running server: N concurrent clients send a fixed list of requests
-over loopback and the report gives failures, latency percentiles and total tokens/s.
+"""A bounded load test of a running OpenAI-compatible server (specdec's, llama-cpp-python's,
+vLLM's): N concurrent clients send a fixed list of chat requests over loopback, streamed, and the
+report gives failures, latency and time-to-first-token percentiles, total tokens/s, and how many
+answers differ from the same request's answer at the first concurrency level (served alone when
+that level is 1).
 
-    python -m specdec.server.loadtest --url http://127.0.0.1:8000 --clients 1,4,8 --requests 32
+    python -m specdec.server.loadtest --url http://127.0.0.1:8000 --clients 1,4,8,16 --requests 16
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Result:
     text: str = ""
     tokens: int = 0
     error: str = ""
+    first_s: float | None = None  # time to the first streamed text
 
 
 @dataclass
@@ -32,16 +36,18 @@ class LoadReport:
     requests: int
     wall_s: float
     results: list[Result] = field(default_factory=list)
+    indexed: dict[int, Result] = field(default_factory=dict)
 
     @property
     def failures(self) -> int:
         return sum(r.status != 200 for r in self.results) + (self.requests - len(self.results))
 
-    def percentile(self, q: float) -> float:
-        latencies = sorted(r.latency_s for r in self.results if r.status == 200)
-        if not latencies:
+    def percentile(self, q: float, first: bool = False) -> float:
+        values = sorted((r.first_s if first else r.latency_s) for r in self.results
+                        if r.status == 200 and (r.first_s is not None or not first))
+        if not values:
             return float("nan")
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+        return values[min(len(values) - 1, int(q * len(values)))]
 
     @property
     def tokens_per_s(self) -> float:
@@ -50,12 +56,16 @@ class LoadReport:
     def summary(self) -> dict:
         return {"clients": self.clients, "requests": self.requests, "completed": len(self.results),
                 "failures": self.failures, "p50_s": round(self.percentile(0.5), 3),
-                "p95_s": round(self.percentile(0.95), 3), "tokens_per_s": round(self.tokens_per_s, 2),
+                "p95_s": round(self.percentile(0.95), 3), "ttft_p50_s": round(self.percentile(0.5, True), 3),
+                "ttft_p95_s": round(self.percentile(0.95, True), 3), "tokens_per_s": round(self.tokens_per_s, 2),
                 "wall_s": round(self.wall_s, 2)}
+
+    def texts(self) -> dict[int, str]:
+        return {i: r.text for i, r in self.indexed.items() if r.status == 200}
 
 
 async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float = 300.0,
-                   path: str = "/v1/completions") -> LoadReport:
+                   path: str = "/v1/completions", stream: bool = False) -> LoadReport:
     """Send every body once, ``clients`` at a time; stop at ``time_limit`` seconds whatever is left."""
     queue: asyncio.Queue = asyncio.Queue()
     for i, body in enumerate(bodies):
@@ -67,6 +77,9 @@ async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float
             i, body = queue.get_nowait()
             t0 = time.perf_counter()
             try:
+                if stream:
+                    results[i] = await _streamed(http, url.rstrip("/") + path, body)
+                    continue
                 response = await http.post(url.rstrip("/") + path, json=body)
                 latency = time.perf_counter() - t0
                 data = response.json()
@@ -88,7 +101,33 @@ async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float
         await asyncio.gather(*pending, return_exceptions=True)
     report = LoadReport(clients, len(bodies), time.perf_counter() - t0)
     report.results = [r for r in results if r is not None]
+    report.indexed = {i: r for i, r in enumerate(results) if r is not None}
     return report
+
+
+async def _streamed(http, url: str, body: dict) -> Result:
+    """One streamed chat request: its text, completion tokens (from the final usage chunk, else
+    the number of content chunks) and the time to its first text."""
+    t0 = time.perf_counter()
+    first, parts, tokens, chunks = None, [], None, 0
+    async with http.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        if r.status_code != 200:
+            return Result(r.status_code, time.perf_counter() - t0, error=(await r.aread()).decode(errors="replace"))
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                tokens = data["usage"].get("completion_tokens", tokens)
+            for choice in data.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                if text:
+                    chunks += 1
+                    parts.append(text)
+                    if first is None:
+                        first = time.perf_counter() - t0
+    return Result(200, time.perf_counter() - t0, "".join(parts), tokens if tokens is not None else chunks,
+                  first_s=first)
 
 
 def main() -> None:
@@ -100,16 +139,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--questions", type=Path, default=None, help="Spec-Bench jsonl for the prompts")
     parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--no-stream", action="store_true", help="whole answers (no time to first token)")
+    parser.add_argument("--label", default="", help="a name for this server in the output")
     args = parser.parse_args()
     model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models").json()["data"][0]["id"]
     prompts = ["Write a short story about a robot who learns to paint."]
     if args.questions:
         prompts = [json.loads(line)["turns"][0] for line in args.questions.read_text(encoding="utf-8").splitlines()]
+    reference: dict[int, str] | None = None
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                    "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
-        report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions"))
-        print(json.dumps(report.summary()))
+        report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
+                                      stream=not args.no_stream))
+        texts = report.texts()
+        reference = texts if reference is None else reference
+        differ = sum(1 for i, t in texts.items() if i in reference and reference[i] != t)
+        print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ}), flush=True)
 
 
 if __name__ == "__main__":

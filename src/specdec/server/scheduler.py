@@ -1,8 +1,10 @@
 """Concurrency of the server: at most ``slots`` generations in progress (each holds a backend, so
-its own KV cache; the rest wait in line), and target forwards one at a time, step by step, in
-arrival order, so concurrent generations interleave fairly on this CPU and cannot touch each
-other's cache. A step is never interrupted; a client that goes away frees its slot and backend
-after the step in flight.
+its own KV cache, or its own sequence of a batched context; the rest wait in line). Unbatched,
+target forwards run one at a time, step by step, in arrival order, so concurrent generations
+interleave fairly on this CPU. Batched (``serial=False``: the model's backends step together,
+:mod:`specdec.backends.llamacpp_batched`), every generation's step runs at once in its own worker
+thread and the backend puts their forwards in one batch. A step is never interrupted; a client
+that goes away frees its slot and backend after the step in flight.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from specdec.types import StepTrace
 class Scheduler:
     """Slots for generations, and one target forward at a time in arrival order."""
 
-    def __init__(self, slots: int, metrics: ServerMetrics) -> None:
+    def __init__(self, slots: int, metrics: ServerMetrics, serial: bool = True) -> None:
         self.slots = asyncio.Semaphore(slots)
-        self.compute = asyncio.Lock()
+        self.compute = asyncio.Lock() if serial else None
         self.metrics = metrics
+        # Worker threads for steps: one per slot when they run at once (anyio's default is 40).
+        self.limiter = anyio.CapacityLimiter(max(slots, 1) + 1)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -46,8 +50,11 @@ class Scheduler:
             self.slots.release()
 
     async def run(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)`` in a worker thread, alone on the CPU; a cancelled caller waits for it to end."""
+        """``call(*args)`` in a worker thread (alone on the CPU unless batched); a cancelled caller
+        waits for it to end."""
         with anyio.CancelScope(shield=True):
+            if self.compute is None:
+                return await anyio.to_thread.run_sync(call, *args, limiter=self.limiter)
             async with self.compute:
                 return await anyio.to_thread.run_sync(call, *args)
 

@@ -1,0 +1,332 @@
+"""Several sequences in one llama.cpp forward: continuous batching for ``specdec serve``.
+
+On this CPU a forward of 8 rows costs about 4-4.7x a forward of one, so generations that step
+together make more tokens per second than generations that take turns. :class:`SharedSequences`
+is one llama.cpp context (a unified KV cache) whose sequences each get a range of sequence ids
+(their own and their draft tree's branches); every sequence's ``extend`` is a submission, and the
+submissions of all running sequences go into one ``llama_decode`` (a *tick*): each generation's
+engine loop is unchanged and still the reference it is tested against, it only waits at its
+forward for the others' rows. A sequence joins at its first forward and leaves when its backend
+goes back to the pool; a tick does not wait for a sequence that is busy elsewhere for longer than
+``gather_s``.
+
+With exact kernels (:data:`specdec.backends.llamacpp.EXACT`) a row's logits do not depend on the
+other rows in its batch, so batching cannot change any request's text (measured: a sequence's
+step batched with three others equals it alone bit for bit; tested with concurrent generations).
+
+Draft lengths are planned on the batch's cost: :meth:`SequenceBackend.forward_costs` gives the
+policy the *marginal* cost of a sequence's rows on top of the rows the others put in the last tick
+(on the measured curve of batch rows), and every tick teaches that curve its total rows and time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdec.backends.llamacpp import LlamaCppBackend, LlamaCppWeights, _llama
+from specdec.costs import CostModel
+from specdec.errors import SpecdecError
+
+MAX_SEQ_IDS = 64  # sequences per context (llama.cpp allows 256; each has its own KV stream here)
+CELLS_PER_SLOT = 4096  # KV cells per sequence (prompt + answer + a draft)
+GATHER_S = 0.02  # how long a tick waits for a running sequence that has not submitted yet
+
+
+@dataclass
+class _Submission:
+    seq: int
+    tokens: list[int]
+    positions: list[int]
+    seq_ids: list[list[int]]
+    wanted: list[bool]
+    out: np.ndarray | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass
+class _TickLog:
+    """What the last ticks held, for the marginal cost of a sequence's rows."""
+
+    rows: dict[int, int] = field(default_factory=dict)  # sequence -> rows in the last tick it was in
+    last_total: int | None = None
+
+
+class SharedSequences:
+    """One llama.cpp context shared by up to ``slots`` sequences, stepped together."""
+
+    def __init__(self, weights: LlamaCppWeights, slots: int, gather_s: float = GATHER_S) -> None:
+        if not 1 <= slots <= MAX_SEQ_IDS:
+            raise SpecdecError(f"batched llama.cpp serves 1..{MAX_SEQ_IDS} sequences at once, got {slots}")
+        lib = _llama()
+        self.weights = weights
+        self.slots = slots
+        self.gather_s = gather_s
+        self.n_ctx = min(weights.n_ctx, CELLS_PER_SLOT) * slots
+        self.max_length = min(weights.n_ctx, CELLS_PER_SLOT)
+        # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
+        # in a context of its own, so flash attention sums them in the same order (a unified cache
+        # lets one sequence's new cells land in another's freed holes, before its older cells).
+        self.ctx = LlamaCppBackend.new_context(weights, n_ctx=self.n_ctx, n_seq_max=slots, unified=False)
+        self.batch = lib.llama_batch_init(weights.n_batch, 0, 1)
+        self.kv = threading.RLock()  # the KV cache: one tick's decode or one sequence's rollback at a time
+        self._cond = threading.Condition()
+        self._pending: list[_Submission] = []
+        self._active: set[int] = set()
+        self._free = list(range(slots))
+        self._ticking = False
+        self._thread: threading.Thread | None = None
+        self._opened = 0.0  # when the tick being gathered opened (the last tick's end, or a first submission)
+        self._log = _TickLog()
+        self.costs: Callable[[], CostModel] | None = None  # the curve every tick teaches (set by the model)
+        self.ticks = 0  # counters: ticks run, rows decoded, seconds in llama_decode
+        self.rows = 0
+        self.decode_s = 0.0
+        self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
+
+    # -- sequences --------------------------------------------------------------------------------
+    def backend(self) -> SequenceBackend:
+        """A backend on a free sequence slot (the pool keeps at most ``slots`` of them)."""
+        with self._cond:
+            if not self._free:
+                raise SpecdecError(f"all {self.slots} batched sequences are in use")
+            slot = self._free.pop(0)
+        return SequenceBackend(self, slot)
+
+    def join(self, slot: int) -> None:
+        with self._cond:
+            self._active.add(slot)
+
+    def leave(self, slot: int) -> None:
+        with self._cond:
+            self._active.discard(slot)
+            self._log.rows.pop(slot, None)
+            self._cond.notify_all()  # a tick may have been waiting for it
+
+    def release(self, slot: int) -> None:
+        self.leave(slot)
+        with self._cond:
+            self._free.append(slot)
+
+    def others(self, slot: int) -> int:
+        """Rows the other running sequences put in the last tick (each at least one)."""
+        with self._cond:
+            return sum(max(1, self._log.rows.get(s, 1)) for s in self._active if s != slot)
+
+    # -- ticks --------------------------------------------------------------------------------------
+    @staticmethod
+    def submission(seq: int, tokens: list[int], positions: list[int], seq_ids: list[list[int]],
+                   wanted: list[bool]) -> _Submission:
+        return _Submission(seq, tokens, positions, seq_ids, wanted)
+
+    def decode(self, sub: _Submission) -> np.ndarray:
+        """Run ``sub`` in the next tick with the other sequences' submissions; its logits rows."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=_ticker, args=(weakref.ref(self),), daemon=True,
+                                                name="specdec-batch")
+                self._thread.start()
+            if not self._pending and not self._ticking:
+                self._opened = time.monotonic()  # the next tick opens with the first submission
+            self._pending.append(sub)
+            self._cond.notify_all()
+            while not sub.done:
+                self._cond.wait()
+        if sub.error is not None:
+            raise sub.error
+        return sub.out
+
+    def _next_tick(self, timeout: float) -> None:
+        """Run a tick once it is due, or wait up to ``timeout`` for one to become due (called by
+        the ticker thread: every decode runs on that one thread, so llama.cpp's OpenMP team is
+        one team, not one per request thread spinning on the 2 cores)."""
+        with self._cond:
+            if not self._pending:
+                self._cond.wait(timeout)
+                return
+            # Lockstep: a tick waits until every running sequence has submitted (on 2 cores a
+            # decode that overlaps another sequence's Python work runs at half speed), but not
+            # longer than gather_s after it opened for one that is busy elsewhere.
+            waiting = {s.seq for s in self._pending}
+            wait = self._opened + self.gather_s - time.monotonic()
+            if self._active <= waiting or wait <= 0:
+                self._tick()
+            else:
+                self._cond.wait(wait)
+
+    def _tick(self) -> None:
+        """Decode the pending submissions that fit one batch (called with the condition held; the
+        decode itself runs without it, so sequences can queue for the next tick meanwhile)."""
+        room, chosen = self.weights.n_batch, []
+        for sub in list(self._pending):
+            if len(sub.tokens) <= room:
+                chosen.append(sub)
+                room -= len(sub.tokens)
+                self._pending.remove(sub)
+        self._ticking = True
+        self._cond.release()
+        try:
+            seconds = self._run(chosen)
+        except BaseException as exc:  # every submission of the tick fails with it
+            for sub in chosen:
+                sub.error = exc
+            seconds = 0.0
+        finally:
+            self._cond.acquire()
+            self._ticking = False
+            self._opened = time.monotonic()
+            for sub in chosen:
+                sub.done = True
+            self._cond.notify_all()
+        total = sum(len(s.tokens) for s in chosen)
+        for sub in chosen:
+            self._log.rows[sub.seq] = len(sub.tokens)
+        curve = self.costs() if self.costs is not None else None
+        # Only a tick that llama.cpp computes as one forward is a point of the curve: one
+        # submission, or one row each (unequal rows are sliced into several forwards).
+        if seconds > 0 and curve is not None and (len(chosen) == 1 or total == len(chosen)):
+            curve.observe(total, seconds, after=self._log.last_total)
+        self._log.last_total = total
+        self.ticks += 1
+        self.rows += total
+        self.decode_s += seconds
+        if self.trace is not None:
+            self.trace.append(([len(s.tokens) for s in chosen], seconds))
+
+    def _run(self, chosen: list[_Submission]) -> float:
+        lib, batch = _llama(), self.batch
+        # Sequences in id order: with a KV stream per sequence llama.cpp splits a batch wherever
+        # its sequence ids are not consecutive (one more forward each time).
+        chosen = sorted(chosen, key=lambda sub: sub.seq)
+        n = 0
+        for sub in chosen:
+            for i, tok in enumerate(sub.tokens):
+                batch.token[n] = tok
+                batch.pos[n] = sub.positions[i]
+                batch.n_seq_id[n] = len(sub.seq_ids[i])
+                for j, s in enumerate(sub.seq_ids[i]):
+                    batch.seq_id[n][j] = s
+                batch.logits[n] = sub.wanted[i]
+                n += 1
+        batch.n_tokens = n
+        with self.kv:
+            t0 = time.perf_counter()
+            if lib.llama_decode(self.ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            seconds = time.perf_counter() - t0
+            base = ctypes.cast(lib.llama_get_logits(self.ctx), ctypes.c_void_p).value
+            vocab, row = self.weights.vocab_size, 0
+            for sub in chosen:
+                k = sum(sub.wanted)
+                sub.out = np.empty((k, vocab), dtype=np.float32)
+                if k:
+                    ctypes.memmove(sub.out.ctypes.data, base + row * vocab * 4, sub.out.nbytes)
+                row += k
+        return seconds
+
+    def __del__(self) -> None:
+        if getattr(self, "ctx", None):
+            _llama().llama_batch_free(self.batch)
+            _llama().llama_free(self.ctx)
+            self.ctx = None
+
+
+def _ticker(ref: weakref.ref) -> None:
+    """The decode thread of a :class:`SharedSequences` (ends when it is gone)."""
+    while True:
+        shared = ref()
+        if shared is None:
+            return
+        shared._next_tick(0.5)
+        del shared
+
+
+class SequenceBackend(LlamaCppBackend):
+    """One sequence of a :class:`SharedSequences` context: a backend like any other, whose
+    forwards are batched with the other running sequences' forwards. Chains only: a draft tree's
+    branches would need sequence ids that share the prefix's cells, which separate streams do not
+    (the engine verifies a tree drafter's best path instead)."""
+
+    supports_tree = False
+
+    def __init__(self, shared: SharedSequences, slot: int) -> None:
+        self.shared = shared
+        self.slot = slot
+        super().__init__(shared.weights, shared=shared, seq0=slot, branches=1)
+        self.max_length = shared.max_length
+
+    def reset(self) -> None:
+        with self.shared.kv:
+            super().reset()
+        self.shared.join(self.slot)
+
+    def idle(self) -> None:
+        """Back in the pool: no tick waits for this sequence until it starts again."""
+        self.shared.leave(self.slot)
+
+    def forward_costs(self, costs: CostModel) -> CostModel:
+        return MarginalCosts(costs, lambda: self.shared.others(self.slot))
+
+    def __del__(self) -> None:
+        if getattr(self, "shared", None) is not None:
+            with self.shared.kv:
+                lib = _llama()
+                mem = lib.llama_get_memory(self.shared.ctx)
+                lib.llama_memory_seq_rm(mem, self.seq0, -1, -1)
+            self.shared.release(self.slot)
+            self.shared = None
+
+
+class MarginalCosts(CostModel):
+    """A sequence's view of the batch's cost: what its n rows add to the tick.
+
+    The others bring ``others()`` rows, mostly one each. llama.cpp gives every sequence its own
+    KV stream here and computes a batch of streams in *equal* slices (one row of each sequence per
+    slice), so a sequence's first row rides in the shared slice (the curve's increment from b to
+    b + 1 rows) and its other n - 1 rows make a forward of their own (the curve at n - 1).
+    """
+
+    def __init__(self, base: CostModel, others: Callable[[], int]) -> None:  # a view: no measurements of its own
+        self.base = base
+        self._others = others
+
+    @property
+    def unit(self) -> float:
+        return self.base.unit
+
+    @property
+    def switch(self) -> float:
+        return self.base.switch
+
+    @property
+    def measured(self):  # type: ignore[override]
+        return self.base.measured
+
+    @property
+    def observations(self) -> int:  # type: ignore[override]
+        return self.base.observations
+
+    def forward(self, n: int) -> float:
+        b = self._others()
+        if b == 0:
+            return self.base.forward(n)
+        shared = self.base.forward(b + 1) - self.base.forward(b)
+        return shared + (self.base.forward(n - 1) if n > 1 else 0.0)
+
+    def step(self, n: int) -> float:
+        # Alone, a draft step also pays the shape switch of the one-row forward after it; in a
+        # batch the shape changes every tick anyway.
+        return self.forward(n) + (self.base.switch if n > 1 and self._others() == 0 else 0.0)
+
+    def ratio(self, n: int) -> float:
+        return self.forward(n) / self.base.unit
+
+    def observe(self, n: int, seconds: float, after: int | None = None) -> None:
+        """Ticks teach the shared curve (a sequence's own wait includes the others' rows)."""

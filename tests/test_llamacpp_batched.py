@@ -1,0 +1,114 @@
+"""Continuous batching on llama.cpp: generations stepped in one forward give the tokens each gives
+alone (exact kernels), join and leave between steps, and the server answers every concurrent
+request as it answers it alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+import specdec  # noqa: E402
+from conftest import spec_bench_prompts  # noqa: E402
+from specdec.backends.llamacpp import has_llamafile  # noqa: E402
+from specdec.errors import SpecdecError  # noqa: E402
+from specdec.server.app import ServeConfig, Server  # noqa: E402
+from specdec.server.loadtest import run_load  # noqa: E402
+
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(has_llamafile(), reason="this llama.cpp build has llamafile kernels (not exact)")]
+
+MODEL = "smollm2-135m"
+PROMPTS = list(spec_bench_prompts(("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                     "humanities")).values())[:8]
+PROMPTS += [f"Write two sentences about the number {i}." for i in range(8 - len(PROMPTS))]  # without the data
+# Each generation differs: drafter, tree, policy, sampling, length (short ones leave the batch early).
+KINDS = [dict(drafter="none"), dict(drafter="ngram"), dict(drafter="recycle"), dict(drafter="ngram", tree=True),
+         dict(drafter="ngram", policy="fixed", num_draft=3), dict(drafter="recycle", temperature=0.8, seed=5),
+         dict(drafter="none", max_new_tokens=7), dict(drafter="ngram", max_new_tokens=19)]
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return specdec.load(MODEL, backend="llamacpp")
+
+
+@pytest.fixture(scope="module")
+def batched():
+    model = specdec.load(MODEL, backend="llamacpp")
+    model.enable_batching(8)
+    return model
+
+
+def _generate(model, i: int) -> list[int]:
+    kwargs = {"max_new_tokens": 40, **KINDS[i]}
+    return model.generate(PROMPTS[i], chat=True, **kwargs).token_ids
+
+
+def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched):
+    expected = [_generate(alone, i) for i in range(8)]
+    got: list = [None] * 8
+    ticks = batched.batched.ticks
+
+    def work(i: int) -> None:
+        time.sleep(0.05 * (i % 3))  # staggered: some join while others are decoding
+        got[i] = _generate(batched, i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert got == expected
+    # They really shared forwards: far fewer ticks than the generations' steps.
+    steps = sum(len(tokens) for tokens in expected)
+    assert batched.batched.ticks - ticks < 0.6 * steps
+    # A second wave reuses the sequences the first one left.
+    again: list = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: again.__setitem__(i, _generate(batched, i))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert again == expected[:4]
+
+
+def test_batching_is_refused_where_the_backend_cannot(tiny):
+    with pytest.raises(SpecdecError, match="cannot batch"):
+        tiny.enable_batching(4)
+
+
+def test_the_server_answers_concurrent_requests_as_it_answers_each_alone(alone):
+    model = specdec.load(MODEL, backend="llamacpp")
+    server = Server(model, config=ServeConfig(slots=8, max_tokens=24))
+    assert server.config.batch and model.batched is not None  # on by default on llama.cpp
+    server.warm_up()
+    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not uv.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        bodies = [{"model": model.name, "messages": [{"role": "user", "content": PROMPTS[i % 8]}],
+                   "max_tokens": 24, "temperature": 0, "drafter": ["ngram", "none", "recycle"][i % 3]}
+                  for i in range(16)]
+        expected = {p: alone.generate(p, chat=True, max_new_tokens=24, drafter="none").text for p in PROMPTS}
+        report = asyncio.run(run_load(url, bodies, clients=8, time_limit=240, path="/v1/chat/completions",
+                                      stream=True))
+        assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
+        for i, body in enumerate(bodies):
+            assert report.indexed[i].text == expected[body["messages"][0]["content"]]
+        assert httpx.get(url + "/health").status_code == 200
+    finally:
+        uv.should_exit = True
+        thread.join(10)
