@@ -25,11 +25,12 @@ from specdec.options import GenerationOptions, Option
 from specdec.registry import DRAFTERS
 from specdec.stats import GenerationStats
 
+# method -> the backend our run must use (None: any; vLLM loads the model's transformers folder itself)
 PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
-         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp"}  # method -> the backend it needs
+         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp", "vllm-plain": None, "vllm-ngram": None}
 PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain[:exact]",
-              "llamacpp-lookup[:exact][:k=K]")
-BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain"}
+              "llamacpp-lookup[:exact][:k=K]", "vllm-plain", "vllm-ngram[:k=K]")
+BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain", "vllm": "vllm-plain"}
 
 
 def method_forms() -> list[str]:
@@ -170,6 +171,23 @@ class LlamaMethod(Method):
 
 
 @dataclass
+class VllmMethod(Method):
+    """vLLM on CPU (fp32) in a worker process of its own environment (:mod:`specdec.bench.vllm_peer`)."""
+
+    name: str
+    worker: object  # specdec.bench.vllm_peer.VllmWorker
+    options: GenerationOptions
+    family: str = "vllm"
+
+    def run(self, prompt_ids, max_new_tokens, seed):
+        s = self.options
+        answer = self.worker.generate({"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens,
+                                       "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                                       "seed": seed})
+        return RunResult(answer["token_ids"], answer["wall_s"])
+
+
+@dataclass
 class MethodFactory:
     """Builds methods for one target model, loading each peer model at most once.
 
@@ -191,6 +209,13 @@ class MethodFactory:
             return self._hf(spec, head, args, pairs)
         if head.startswith("llamacpp-"):
             return self._llamacpp(spec, head, args, pairs)
+        if head.startswith("vllm-"):
+            from specdec.bench import vllm_peer as vllm
+
+            settings = vllm.parse(spec, head, args, pairs)
+            worker = self._once(("vllm", settings.ngram),
+                                lambda: vllm.VllmWorker(resolve(self.model_name).hf_dir, settings.ngram))
+            return VllmMethod(spec, worker, self.options)
         raise _unknown(spec)
 
     def _ours(self, spec: str) -> Method:
@@ -291,11 +316,16 @@ def our_options(spec: str, base: GenerationOptions) -> tuple[GenerationOptions, 
 def check_specs(specs: list[str], backend: str, base: GenerationOptions) -> None:
     """Refuse malformed methods, and peers of the other backend, before any model is loaded."""
     for spec in specs:
-        head, _, _ = _split(spec)
+        head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
             our_options(spec, base)
         elif head in PEERS:
-            if PEERS[head] != backend:
+            if head.startswith("vllm-"):
+                from specdec.bench import vllm_peer as vllm
+
+                vllm.parse(spec, head, args, pairs)
+                vllm.vllm_python()
+            elif PEERS[head] != backend:
                 raise SpecdecError(f"method {spec!r} runs on --backend {PEERS[head]} (this run is {backend})")
         else:
             raise _unknown(spec)
