@@ -361,8 +361,8 @@ class PrefixRouter(_PrefixBase):
     (health, models, metrics, bad bodies) go by load alone."""
 
     def _extract_text_from_request(self, pending_request):
-        for arg in pending_request.args:
-            if isinstance(arg, Routed):
+        for arg in pending_request.args:  # by shape: the ingress's Routed may be a by-value copy of the class
+            if hasattr(arg, "prompt") and hasattr(arg, "body"):
                 return arg.prompt or None
         return None
 
