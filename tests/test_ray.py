@@ -182,11 +182,19 @@ def test_a_killed_replica_is_restarted_and_others_succeed(ray_served, tiny):
         return httpx.post(url + "/v1/completions", timeout=60, json={
             "model": tiny.name, "prompt": prompt if i % 2 else f"zebra {i}", "max_tokens": 24, "temperature": 0})
 
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(8) as pool, httpx.stream(
+            "POST", url + "/v1/completions", timeout=60,
+            json={"model": tiny.name, "prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True}) as long:
+        assert long.headers["x-specdec-replica"] == victim  # the same prefix: the same replica
         futures = [pool.submit(one, i) for i in range(16)]
-        time.sleep(0.3)
+        lines = long.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # in flight on the victim
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        events = [line for line in lines if line.startswith("data:")]
         answers = [f.result() for f in futures]
+    # the stream in flight ends with an OpenAI-style error event
+    error = json.loads(events[-1][5:])["error"]
+    assert error["code"] == "replica_unavailable" and error["type"] == "server_error", events[-3:]
     for r in answers:  # every answer is a success or a clean OpenAI-style server error
         assert r.status_code == 200 or (r.status_code >= 500 and r.json()["error"]["message"]), r.text
     assert any(r.status_code == 200 for r in answers)
@@ -225,3 +233,20 @@ def test_the_config_file_builder_takes_the_serve_flags(tiny_model_dir):
 
     with pytest.raises(SpecdecError, match="--min-replicas"):
         app({"model": str(tiny_model_dir), "min_replicas": 3, "max_replicas": 2})
+
+
+def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monkeypatch):
+    from specdec.cli import main
+
+    for argv, message in ((["--replicas", "2"], "--replicas needs --ray"),
+                          (["--ray", "--replicas", "0"], "--replicas"),
+                          (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "must be <= --max-replicas"),
+                          (["--ray", "--replicas", "2", "--max-replicas", "3"], "not both")):
+        assert main(["serve", *argv]) != 0
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # Ray not installed
+    assert main(["serve", "--ray"]) != 0
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "pip install 'specdec[ray]'" in err, err
+    assert no_loading == []
