@@ -224,13 +224,20 @@ def test_rayservice_manifest():
 
 def test_the_config_file_builder_takes_the_serve_flags(tiny_model_dir):
     pytest.importorskip("ray.serve")
+    from specdec.errors import SpecdecError
     from specdec.server.ray_app import app
 
-    built = app({"model": str(tiny_model_dir), "replicas": 3, "num_draft": 3, "slots": 2})
-    model = built._bound_deployment.init_args[0]._bound_deployment if hasattr(built, "_bound_deployment") else None
-    assert built is not None and (model is None or model.num_replicas == 3)
-    from specdec.errors import SpecdecError
-
+    ingress = app({"model": str(tiny_model_dir), "min_replicas": 1, "max_replicas": 3, "replica_cpus": 1,
+                   "num_draft": 3, "slots": 2})._bound_deployment
+    model = ingress.init_args[0]._bound_deployment
+    assert (ingress.name, model.name) == ("SpecdecIngress", "SpecdecModel")
+    scaling = model._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas) == (1, 3) and model.ray_actor_options["num_cpus"] == 1
+    assert model._deployment_config.request_router_config.request_router_class.endswith("ray_app.PrefixRouter")
+    spec = model.init_args[0]
+    assert spec.config.slots == 2 and spec.config.defaults.num_draft == 3
+    fixed = app({"model": str(tiny_model_dir), "replicas": 3})._bound_deployment.init_args[0]._bound_deployment
+    assert fixed.num_replicas == 3
     with pytest.raises(SpecdecError, match="--min-replicas"):
         app({"model": str(tiny_model_dir), "min_replicas": 3, "max_replicas": 2})
 
@@ -241,7 +248,8 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
     for argv, message in ((["--replicas", "2"], "--replicas needs --ray"),
                           (["--ray", "--replicas", "0"], "--replicas"),
                           (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "must be <= --max-replicas"),
-                          (["--ray", "--replicas", "2", "--max-replicas", "3"], "not both")):
+                          (["--ray", "--replicas", "2", "--max-replicas", "3"], "not both"),
+                          (["--ray", "--replica-cpus", "-1"], "--replica-cpus must be >= 0")):
         assert main(["serve", *argv]) != 0
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and "Traceback" not in err, err

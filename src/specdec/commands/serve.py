@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     ray.add_argument("--min-replicas", type=int, default=None, metavar="N",
                      help="autoscale on queue length between --min-replicas and --max-replicas")
     ray.add_argument("--max-replicas", type=int, default=None, metavar="N")
+    ray.add_argument("--replica-cpus", type=float, default=None, metavar="N",
+                     help="CPUs Ray reserves for each model replica, so a cluster spreads them over nodes "
+                          "(default: 0, any number on one machine)")
     ray.add_argument("--address", default=None,
                      help="join this Ray cluster (e.g. auto, ray://head:10001; default: a local Ray instance)")
 
@@ -68,7 +71,8 @@ def check_args(args: argparse.Namespace) -> None:
 def check_ray(args: argparse.Namespace) -> None:
     """The Ray flags: only with --ray, replicas >= 1, min <= max; Ray itself installed."""
     given = [f for f, v in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
-                            ("--max-replicas", args.max_replicas), ("--address", args.address)) if v is not None]
+                            ("--max-replicas", args.max_replicas), ("--replica-cpus", args.replica_cpus),
+                            ("--address", args.address)) if v is not None]
     if not args.ray:
         if given:
             raise SpecdecError(f"{given[0]} needs --ray")
@@ -77,6 +81,8 @@ def check_ray(args: argparse.Namespace) -> None:
                         ("--max-replicas", args.max_replicas)):
         if value is not None:
             check_positive(value, flag)
+    if args.replica_cpus is not None and args.replica_cpus < 0:
+        raise SpecdecError(f"--replica-cpus must be >= 0, got {args.replica_cpus}")
     if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
         raise SpecdecError("give --replicas or --min-replicas/--max-replicas, not both")
     if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
@@ -148,12 +154,16 @@ def run_ray(args: argparse.Namespace) -> int:
     ray, serve = ray_modules()
     spec = ModelSpec(model=args.model, load=load_options(args), draft_model=args.draft_model, memory=args.memory,
                      config=serve_config(args))
+    import logging
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     ray.init(address=args.address, logging_level="warning", log_to_driver=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         replicas = None if args.min_replicas or args.max_replicas else (args.replicas or 2)
         print("starting the replicas (each loads and calibrates the model) ...", file=sys.stderr)
-        serve.run(deployments(spec, replicas, args.min_replicas, args.max_replicas), name="specdec",
+        serve.run(deployments(spec, replicas, args.min_replicas, args.max_replicas,
+                              replica_cpus=args.replica_cpus or 0.0), name="specdec",
                   route_prefix="/")
         print(f"serving {args.model} on Ray at http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
         while True:

@@ -406,4 +406,5 @@ def app(args: dict[str, Any]):
                                                "exact": parsed.exact},
                      draft_model=parsed.draft_model, memory=parsed.memory, config=serve_config(parsed))
     replicas = None if parsed.min_replicas or parsed.max_replicas else (parsed.replicas or 2)
-    return deployments(spec, replicas, parsed.min_replicas, parsed.max_replicas)
+    return deployments(spec, replicas, parsed.min_replicas, parsed.max_replicas,
+                       replica_cpus=parsed.replica_cpus or 0.0)
