@@ -186,12 +186,20 @@ def test_a_killed_replica_is_restarted_and_others_succeed(ray_served, tiny):
             "POST", url + "/v1/completions", timeout=60,
             json={"model": tiny.name, "prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True}) as long:
         assert long.headers["x-specdec-replica"] == victim  # the same prefix: the same replica
-        futures = [pool.submit(one, i) for i in range(16)]
         lines = long.iter_lines()
         next(line for line in lines if line.startswith("data:"))  # in flight on the victim
+        whole = [pool.submit(httpx.post, url + "/v1/completions", timeout=60, json={  # the victim's too
+            "model": tiny.name, "prompt": prompt, "max_tokens": 200, "temperature": 0}) for _ in range(2)]
+        futures = [pool.submit(one, i) for i in range(16)]
+        time.sleep(0.3)
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         events = [line for line in lines if line.startswith("data:")]
         answers = [f.result() for f in futures]
+        whole = [f.result() for f in whole]
+    # a whole answer in flight on it is a 503 with an OpenAI-style error
+    assert any(r.status_code == 503 and r.json()["error"]["code"] == "replica_unavailable" for r in whole), \
+        [(r.status_code, r.text[:200]) for r in whole]
+    answers += whole
     # the stream in flight ends with an OpenAI-style error event
     error = json.loads(events[-1][5:])["error"]
     assert error["code"] == "replica_unavailable" and error["type"] == "server_error", events[-3:]
