@@ -266,3 +266,24 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "pip install 'specdec[ray]'" in err, err
     assert no_loading == []
+
+
+def test_routing_text_and_memory_files(tmp_path):
+    from specdec.drafters.memory import NgramMemory
+    from specdec.server.ray_app import PREFIX_CHARS, memory_start, routing_text, save_atomically
+
+    chat = json.dumps({"messages": [{"role": "system", "content": "be terse"},
+                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}).encode()
+    assert routing_text("/v1/chat/completions", chat) == "system:be terse\nuser:hi\n"
+    assert routing_text("/v1/completions", json.dumps({"prompt": "x" * 5000}).encode()) == "x" * PREFIX_CHARS
+    assert routing_text("/v1/completions", b"{oops") is None and routing_text("/health", b"") is None
+    assert routing_text("/v1/completions", b"[1, 2]") is None
+    shared = tmp_path / "memory.json"
+    assert memory_start(str(shared), 1) == str(shared)  # a new replica starts from FILE
+    memory = NgramMemory()
+    memory.add([1, 2, 3, 4, 5])
+    save_atomically(memory, f"{shared}.replica-1")
+    assert memory_start(str(shared), 1) == f"{shared}.replica-1"  # restarted: from what its rank learned
+    assert memory_start(str(shared), 0) == str(shared)
+    assert len(NgramMemory.load(f"{shared}.replica-1")) == len(memory)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.json.replica-1"]  # no temporary left
