@@ -159,20 +159,28 @@ class AsgiCall:
                  "root_path": "", "headers": req.headers, "client": ("127.0.0.1", 0),
                  "server": ("127.0.0.1", 80)}
 
+        failure: list[BaseException] = []
+
         async def run():
             try:
                 await self.app(scope, self.receive, self.send)
+            except Exception as exc:  # noqa: BLE001 - Starlette answered 500 already, if it could
+                failure.append(exc)
             finally:
                 await self.out.put(None)
 
         task = asyncio.ensure_future(run())
+        started = False
         try:
             while True:
                 item = await self.out.get()
                 if item is None:
                     break
+                started = True
                 yield item
             await task
+            if not started:  # no answer at all: the ingress turns this into a 500 JSON error
+                raise RuntimeError(f"the app gave no answer ({failure[0]!r})" if failure else "the app gave no answer")
         finally:
             self.gone.set()  # the client went away (or the answer is complete)
             if not task.done():
@@ -180,7 +188,7 @@ class AsgiCall:
 
 
 class Lifespan:
-    """Runs an ASGI app's lifespan (start-up now, shutdown on :meth:`stop`)."""
+    """Runs an ASGI app's lifespan start-up (its shutdown half goes with the replica's process)."""
 
     def __init__(self, app) -> None:
         self.app = app
