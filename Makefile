@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q --disable-pip-version-check \
 	  --no-cache-dir llama-cpp-python==0.3.36
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp,ray]'
 	touch $@
 
 demo: setup

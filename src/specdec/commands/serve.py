@@ -37,6 +37,19 @@ def add_parser(sub) -> None:
     srv.add_argument("--batch", action=argparse.BooleanOptionalAction, default=None,
                      help="continuous batching: the running generations' steps go into one forward (default: on "
                           "where the backend can, llama.cpp; with exact kernels no answer changes)")
+    ray = srv.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same app from Ray Serve replicas, requests sharing a prompt prefix routed to "
+                          "the same replica while it is not overloaded")
+    ray.add_argument("--replicas", type=int, default=None, metavar="N", help="model replicas (default: 2)")
+    ray.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                     help="autoscale on queue length between --min-replicas and --max-replicas")
+    ray.add_argument("--max-replicas", type=int, default=None, metavar="N")
+    ray.add_argument("--replica-cpus", type=float, default=None, metavar="N",
+                     help="CPUs Ray reserves for each model replica, so a cluster spreads them over nodes "
+                          "(default: 0, any number on one machine)")
+    ray.add_argument("--address", default=None,
+                     help="join this Ray cluster (e.g. auto, ray://head:10001; default: a local Ray instance)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -45,6 +58,7 @@ def check_args(args: argparse.Namespace) -> None:
     check_positive(args.max_tokens, "--max-tokens")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
+    check_ray(args)
     check_port(args.host, args.port)
     try:
         import fastapi  # noqa: F401
@@ -52,6 +66,30 @@ def check_args(args: argparse.Namespace) -> None:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise SpecdecError(f"the server needs the serve extra: pip install 'specdec[serve]' ({exc.name} is missing)")
+
+
+def check_ray(args: argparse.Namespace) -> None:
+    """The Ray flags: only with --ray, replicas >= 1, min <= max; Ray itself installed."""
+    given = [f for f, v in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
+                            ("--max-replicas", args.max_replicas), ("--replica-cpus", args.replica_cpus),
+                            ("--address", args.address)) if v is not None]
+    if not args.ray:
+        if given:
+            raise SpecdecError(f"{given[0]} needs --ray")
+        return
+    for flag, value in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
+                        ("--max-replicas", args.max_replicas)):
+        if value is not None:
+            check_positive(value, flag)
+    if args.replica_cpus is not None and args.replica_cpus < 0:
+        raise SpecdecError(f"--replica-cpus must be >= 0, got {args.replica_cpus}")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        raise SpecdecError("give --replicas or --min-replicas/--max-replicas, not both")
+    if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
+        raise SpecdecError(f"--min-replicas ({args.min_replicas}) must be <= --max-replicas ({args.max_replicas})")
+    from specdec.server.ray_app import ray_modules
+
+    ray_modules()
 
 
 def check_port(host: str, port: int) -> None:
@@ -75,6 +113,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
+    if args.ray:
+        return run_ray(args)
     from specdec.commands.generate import check_draft_vocabulary
     from specdec.models import resolve
 
@@ -100,4 +140,37 @@ def run(args: argparse.Namespace) -> int:
         if args.memory:
             model.memory.save(args.memory)
             print(f"memory saved to {args.memory} ({len(model.memory)} n-grams)", file=sys.stderr)
+    return 0
+
+
+def run_ray(args: argparse.Namespace) -> int:
+    """Deploy the app on Ray Serve (a local instance, or the cluster at --address) and wait."""
+    import time
+
+    from specdec.models import resolve
+    from specdec.server.ray_app import ModelSpec, deployments, ray_modules
+
+    resolve(args.model)  # an unknown alias fails here, not in every replica
+    ray, serve = ray_modules()
+    spec = ModelSpec(model=args.model, load=load_options(args), draft_model=args.draft_model, memory=args.memory,
+                     config=serve_config(args))
+    import logging
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    ray.init(address=args.address, logging_level="warning", log_to_driver=False)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        replicas = None if args.min_replicas or args.max_replicas else (args.replicas or 2)
+        print("starting the replicas (each loads and calibrates the model) ...", file=sys.stderr)
+        serve.run(deployments(spec, replicas, args.min_replicas, args.max_replicas,
+                              replica_cpus=args.replica_cpus or 0.0), name="specdec",
+                  route_prefix="/")
+        print(f"serving {args.model} on Ray at http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
     return 0

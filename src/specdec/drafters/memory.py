@@ -82,9 +82,10 @@ class NgramMemory:
         return None
 
     def save(self, path: str | Path) -> None:
+        with self._lock:  # a server saves while generations add
+            entries = [[list(k), [[t, c] for t, c in v.items()]] for k, v in self._table.items()]
         data = {"format": FORMAT, "version": VERSION, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
-                "capacity": self.capacity,
-                "entries": [[list(k), [[t, c] for t, c in v.items()]] for k, v in self._table.items()]}
+                "capacity": self.capacity, "entries": entries}
         try:
             Path(path).write_text(json.dumps(data), encoding="utf-8")
         except OSError as exc:
