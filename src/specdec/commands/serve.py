@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
     ray.add_argument("--replica-cpus", type=float, default=None, metavar="N",
                      help="CPUs Ray reserves for each model replica, so a cluster spreads them over nodes "
                           "(default: 0, any number on one machine)")
+    ray.add_argument("--routing", choices=("prefix", "default"), default="prefix",
+                     help="prefix: a prompt goes to the replica that served its prefix while it is not overloaded "
+                          "(default); default: Ray Serve's own routing (power of two choices)")
     ray.add_argument("--address", default=None,
                      help="join this Ray cluster (e.g. auto, ray://head:10001; default: a local Ray instance)")
 
@@ -163,7 +166,7 @@ def run_ray(args: argparse.Namespace) -> int:
         replicas = None if args.min_replicas or args.max_replicas else (args.replicas or 2)
         print("starting the replicas (each loads and calibrates the model) ...", file=sys.stderr)
         serve.run(deployments(spec, replicas, args.min_replicas, args.max_replicas,
-                              replica_cpus=args.replica_cpus or 0.0), name="specdec",
+                              replica_cpus=args.replica_cpus or 0.0, routing=args.routing), name="specdec",
                   route_prefix="/")
         print(f"serving {args.model} on Ray at http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
         while True:

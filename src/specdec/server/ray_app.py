@@ -333,8 +333,9 @@ def build_ingress(max_body: int):
 
 def deployments(spec: ModelSpec, replicas: int | None = 2, min_replicas: int | None = None,
                 max_replicas: int | None = None, imbalanced_threshold: int = 2, target_ongoing: float = 2.0,
-                replica_cpus: float = 0.0):
-    """The Ray Serve application (bind it with ``serve.run``)."""
+                replica_cpus: float = 0.0, routing: str = "prefix"):
+    """The Ray Serve application (bind it with ``serve.run``); ``routing`` "prefix" (the prefix-
+    affinity router) or "default" (Ray Serve's own power-of-two-choices, to compare with)."""
     ray, serve = ray_modules()
     from ray.serve.config import RequestRouterConfig
 
@@ -346,10 +347,12 @@ def deployments(spec: ModelSpec, replicas: int | None = 2, min_replicas: int | N
                                           "target_ongoing_requests": target_ongoing}}
     else:
         scaling = {"num_replicas": replicas or 1}
-    router = RequestRouterConfig(request_router_class=PrefixRouter,
-                                 request_router_kwargs={"imbalanced_threshold": imbalanced_threshold})
+    routed = {}
+    if routing == "prefix":
+        routed["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixRouter, request_router_kwargs={"imbalanced_threshold": imbalanced_threshold})
     model = serve.deployment(ModelReplica, name="SpecdecModel", max_ongoing_requests=max(slots * 4, 8),
-                             request_router_config=router, graceful_shutdown_timeout_s=10,
+                             graceful_shutdown_timeout_s=10, **routed,
                              ray_actor_options={"num_cpus": replica_cpus}, **scaling)
     app, ingress_cls = build_ingress(spec.config.max_body)
     ingress = serve.deployment(serve.ingress(app)(ingress_cls), name="SpecdecIngress",
@@ -415,4 +418,4 @@ def app(args: dict[str, Any]):
                      draft_model=parsed.draft_model, memory=parsed.memory, config=serve_config(parsed))
     replicas = None if parsed.min_replicas or parsed.max_replicas else (parsed.replicas or 2)
     return deployments(spec, replicas, parsed.min_replicas, parsed.max_replicas,
-                       replica_cpus=parsed.replica_cpus or 0.0)
+                       replica_cpus=parsed.replica_cpus or 0.0, routing=parsed.routing)
