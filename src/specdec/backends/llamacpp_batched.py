@@ -1,22 +1,23 @@
 """Several sequences in one llama.cpp forward: continuous batching for ``specdec serve``.
 
-On this CPU a forward of 8 rows costs about 4-4.7x a forward of one, so generations that step
-together make more tokens per second than generations that take turns. :class:`SharedSequences`
-is one llama.cpp context (a unified KV cache) whose sequences each get a range of sequence ids
-(their own and their draft tree's branches); every sequence's ``extend`` is a submission, and the
-submissions of all running sequences go into one ``llama_decode`` (a *tick*): each generation's
-engine loop is unchanged and still the reference it is tested against, it only waits at its
-forward for the others' rows. A sequence joins at its first forward and leaves when its backend
-goes back to the pool; a tick does not wait for a sequence that is busy elsewhere for longer than
-``gather_s``.
+On this CPU a forward of 8 one-token rows costs about 4.2x a forward of one, so generations that
+step together make more tokens per second than generations that take turns. :class:`SharedSequences`
+is one llama.cpp context with a KV stream per sequence; every sequence's ``extend`` is a
+submission, and one ticker thread puts the submissions of all running sequences into one
+``llama_decode`` (a *tick*). Each generation's engine loop is unchanged and still the reference it
+is tested against: it only waits at its forward for the others' rows. A sequence joins at its
+first forward after a reset and leaves when its backend goes back to the pool; a tick waits for
+every running sequence, but not longer than ``gather_s`` for one that is busy elsewhere.
 
 With exact kernels (:data:`specdec.backends.llamacpp.EXACT`) a row's logits do not depend on the
-other rows in its batch, so batching cannot change any request's text (measured: a sequence's
-step batched with three others equals it alone bit for bit; tested with concurrent generations).
+other rows in its batch, and a stream per sequence keeps each sequence's cells in position order
+(in a unified cache a sequence's new cells can land in holes another left before its older cells,
+and flash attention would sum them in another order), so batching cannot change any request's
+text: tested with concurrent generations against each generation alone.
 
 Draft lengths are planned on the batch's cost: :meth:`SequenceBackend.forward_costs` gives the
-policy the *marginal* cost of a sequence's rows on top of the rows the others put in the last tick
-(on the measured curve of batch rows), and every tick teaches that curve its total rows and time.
+policy the *marginal* cost of a sequence's rows (:class:`MarginalCosts`), and ticks that are one
+forward teach the model's curve their rows and time.
 """
 
 from __future__ import annotations
