@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import specdec
-    from specdec import engine, verify
+    from specdec import engine
     from specdec.backends import llamacpp
     from specdec.drafters.base import Drafter
     from specdec.policies.base import DraftPolicy

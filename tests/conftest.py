@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -234,3 +237,23 @@ def no_loading(monkeypatch) -> list:
 
     monkeypatch.setattr("specdec.api.load", load)
     return calls
+
+
+@contextlib.contextmanager
+def serving(app, timeout: float = 60) -> Iterator[str]:
+    """Run an ASGI ``app`` with uvicorn on a free loopback port in a thread; yields its base URL and
+    stops it afterwards."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + timeout
+    while not server.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

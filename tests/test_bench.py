@@ -188,7 +188,6 @@ def test_max_new_tokens_beyond_the_context_is_refused_before_the_model_loads(cap
 
 
 def test_repeats_run_every_method_r_times_and_keep_the_fastest():
-    from specdec.backends.toy import ToyLM
     from specdec.bench.methods import Method, RunResult
     from specdec.bench.questions import Question
     from specdec.bench.runner import run_bench
@@ -277,7 +276,7 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
     a, b = Learner("plain"), Learner("recycle")
     qs = [Question(1, "a", "x"), Question(2, "b", "y")]
     run_bench(model, [a, b], qs, 8, greedy=True, repeats=2)
-    warm, x, y = ord("S"), ord("x"), ord("y")
+    warm, x = ord("S"), ord("x")
     for method in (a, b):  # warm-up, then two repeats per question, each from the same state
         assert method.saw == [[], [warm], [warm], [warm, x], [warm, x]]
 

@@ -13,10 +13,9 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
 
 import specdec  # noqa: E402
-from conftest import spec_bench_prompts  # noqa: E402
+from conftest import serving, spec_bench_prompts  # noqa: E402
 from specdec.backends.llamacpp import has_llamafile  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServeConfig, Server  # noqa: E402
@@ -92,16 +91,8 @@ def served():
     server = Server(model, config=ServeConfig(slots=8, max_tokens=24))
     assert server.config.batch and model.batched is not None  # on by default on llama.cpp
     server.warm_up()
-    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not uv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}", model
-    uv.should_exit = True
-    thread.join(10)
+    with serving(server.app()) as url:
+        yield url, model
 
 
 def test_the_server_answers_concurrent_requests_as_it_answers_each_alone(alone, served):

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import serving
 from specdec.server.app import ServeConfig, Server
 from specdec.server.loadtest import run_load
 
@@ -29,17 +28,8 @@ def served(tiny):
     """(base url, server) of a running server; it stops when the module's tests are done."""
     server = Server(tiny, config=ServeConfig(slots=4, max_tokens=24, max_body=64 * 1024))
     server.warm_up()
-    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not uv.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", server
-    uv.should_exit = True
-    thread.join(10)
+    with serving(server.app(), timeout=30) as url:
+        yield url, server
 
 
 @pytest.fixture(scope="module")

@@ -266,10 +266,7 @@ class Model:
 
     # -- generation -----------------------------------------------------------------------------
     def options(self, options: GenerationOptions | None = None, **kwargs: Any) -> GenerationOptions:
-        """Validated generation options: ``options`` (or the defaults) with ``kwargs`` over them.
-        A drafter object in ``drafter=`` is allowed (it is not an option value) and kept aside."""
-        kwargs.pop("drafter", None) if isinstance(kwargs.get("drafter"), Drafter) else None
-        kwargs.pop("policy", None) if isinstance(kwargs.get("policy"), DraftPolicy) else None
+        """Validated generation options: ``options`` (or the defaults) with ``kwargs`` over them."""
         return GenerationOptions.of(kwargs, options).validate()
 
     def start(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, *,
@@ -285,8 +282,9 @@ class Model:
         prompt in the chat template; ``trace`` records each step's probabilities (p, q and
         min(1, p/q)) in the step records.
         """
-        drafter_obj = kwargs.get("drafter") if isinstance(kwargs.get("drafter"), Drafter) else None
-        policy_obj = kwargs.get("policy") if isinstance(kwargs.get("policy"), DraftPolicy) else None
+        # Objects are not option values: kept aside, the options name the drafter where it is registered.
+        drafter_obj = kwargs.pop("drafter") if isinstance(kwargs.get("drafter"), Drafter) else None
+        policy_obj = kwargs.pop("policy") if isinstance(kwargs.get("policy"), DraftPolicy) else None
         opts = self.options(options, **kwargs)
         if drafter_obj is not None:
             opts = opts.with_(drafter=drafter_obj.name) if drafter_obj.name in DRAFTERS else opts

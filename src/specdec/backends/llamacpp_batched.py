@@ -26,7 +26,7 @@ import ctypes
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -264,8 +264,7 @@ class SequenceBackend(LlamaCppBackend):
         self.max_length = shared.max_length
 
     def reset(self) -> None:
-        with self.shared.kv:
-            super().reset()
+        super().reset()  # removes this sequence's cells under the context's KV lock
         self.shared.join(self.slot)
 
     def idle(self) -> None:

@@ -11,10 +11,9 @@ sampling fields over them, then specdec's own body fields.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
