@@ -188,8 +188,10 @@ def test_a_killed_replica_is_restarted_and_others_succeed(ray_served, tiny):
         assert long.headers["x-specdec-replica"] == victim  # the same prefix: the same replica
         lines = long.iter_lines()
         next(line for line in lines if line.startswith("data:"))  # in flight on the victim
-        whole = [pool.submit(httpx.post, url + "/v1/completions", timeout=60, json={  # the victim's too
-            "model": tiny.name, "prompt": prompt, "max_tokens": 200, "temperature": 0}) for _ in range(2)]
+        # The victim's too, long enough to be still in flight when it is killed (at 200 tokens one could
+        # finish first on a fast machine).
+        whole = [pool.submit(httpx.post, url + "/v1/completions", timeout=60, json={
+            "model": tiny.name, "prompt": prompt, "max_tokens": 480, "temperature": 0}) for _ in range(2)]
         futures = [pool.submit(one, i) for i in range(16)]
         time.sleep(0.3)
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
