@@ -27,6 +27,7 @@ import torch
 
 from specdec import tree as trees
 from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
+from specdec.backends.llamacpp_prompt import Layout, PromptRunner, load_repacked
 from specdec.errors import SpecdecError
 from specdec.registry import LoadedWeights, LoadRequest, backend
 
@@ -76,7 +77,7 @@ def _llama():
         return None
 
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-    _llama.callback = quiet  # keep the ctypes callback alive
+    llama_cpp._specdec_quiet = quiet  # keeps the ctypes callback alive; a load that reads the log restores it
     llama_cpp.llama_backend_init()
     return llama_cpp
 
@@ -133,6 +134,13 @@ class LlamaCppWeights:
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.prompt: PromptRunner | None = None
+        if self.kernels.exact:
+            repacked, changed = load_repacked(path, llama_cpp)
+            if changed:
+                self.prompt = PromptRunner(self, repacked, llama_cpp)
+            elif repacked:
+                llama_cpp.llama_model_free(repacked)
 
     @property
     def exact(self) -> bool:
@@ -142,6 +150,9 @@ class LlamaCppWeights:
         return LlamaCppBackend(self)
 
     def __del__(self) -> None:
+        if getattr(self, "prompt", None) is not None:
+            self.prompt.close()
+            self.prompt = None
         if getattr(self, "model", None):
             _llama().llama_model_free(self.model)
             self.model = None
@@ -167,6 +178,24 @@ def _load(request: LoadRequest) -> LoadedWeights:
     return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact, batched=batched)
 
 
+def context_params(weights: LlamaCppWeights, n_ctx: int, n_seq_max: int, unified: bool):
+    """llama.cpp context parameters for ``weights``' kernels and a KV layout."""
+    params = _llama().llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = weights.n_batch
+    params.n_ubatch = weights.n_batch
+    params.n_threads = weights.n_threads
+    params.n_threads_batch = weights.n_threads
+    # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
+    params.swa_full = True
+    params.n_seq_max = n_seq_max
+    params.kv_unified = unified
+    kernels = weights.kernels
+    params.flash_attn_type = kernels.flash_attn
+    params.type_k, params.type_v = kernels.type_k, kernels.type_v
+    return params
+
+
 class LlamaCppBackend(Backend):
     """One sequence (seq id 0) in its own llama.cpp context.
 
@@ -187,12 +216,15 @@ class LlamaCppBackend(Backend):
         self.seq0, self.branches = seq0, branches
         self._shared = shared  # a SharedSequences whose ticks run this sequence's forwards, or None
         if shared is None:
-            self.ctx = self.new_context(weights, weights.n_ctx, branches)
+            self.layout: Layout = (weights.n_ctx, branches, True)
+            self.ctx = self.new_context(weights, *self.layout)
             self.batch = _llama().llama_batch_init(weights.n_batch, 0, branches)
             self._kv = contextlib.nullcontext()
         else:
+            self.layout = shared.layout
             self.ctx, self.batch, self._kv = shared.ctx, None, shared.kv
         self.tokens: list[int] = []
+        self._floor = 0  # rolling back below this length recomputes the prompt (see PromptRunner.floor)
         self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
 
     @staticmethod
@@ -200,21 +232,7 @@ class LlamaCppBackend(Backend):
         """A llama.cpp context on ``weights`` with its kernels and ``n_ctx`` KV cells for up to
         ``n_seq_max`` sequence ids: shared by all of them (``unified``: tree branches share their
         prefix's cells) or split into one stream per id."""
-        llama_cpp = _llama()
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = weights.n_batch
-        params.n_ubatch = weights.n_batch
-        params.n_threads = weights.n_threads
-        params.n_threads_batch = weights.n_threads
-        # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
-        params.swa_full = True
-        params.n_seq_max = n_seq_max
-        params.kv_unified = unified
-        kernels = weights.kernels
-        params.flash_attn_type = kernels.flash_attn
-        params.type_k, params.type_v = kernels.type_k, kernels.type_v
-        ctx = llama_cpp.llama_init_from_model(weights.model, params)
+        ctx = _llama().llama_init_from_model(weights.model, context_params(weights, n_ctx, n_seq_max, unified))
         if not ctx:
             raise SpecdecError("llama.cpp could not create a context")
         return ctx
@@ -228,10 +246,7 @@ class LlamaCppBackend(Backend):
         check_extend(tokens, tree, self.supports_tree)
         if self._last[1] is not None:
             raise ValueError("a tree extend must be followed by truncate, not another extend")
-        if min(tokens) < 0 or max(tokens) >= self.vocab_size:  # llama.cpp would wrap them silently
-            raise SpecdecError(f"token ids must be in 0..{self.vocab_size - 1}")
-        if len(self.tokens) + len(tokens) > self.max_length:
-            raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.max_length} tokens")
+        self._check_room(tokens)
         if tree is not None:
             return torch.from_numpy(self._decode_tree(list(tokens), list(tree), last_only))
         rows: list[np.ndarray] = []
@@ -242,6 +257,27 @@ class LlamaCppBackend(Backend):
             rows.append(self._decode(chunk, want_all=not last_only, want_last=final))
         rows = [r for r in rows if r.size]
         return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0))
+
+    def _check_room(self, tokens: Sequence[int]) -> None:
+        if min(tokens) < 0 or max(tokens) >= self.vocab_size:  # llama.cpp would wrap them silently
+            raise SpecdecError(f"token ids must be in 0..{self.vocab_size - 1}")
+        if len(self.tokens) + len(tokens) > self.max_length:
+            raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.max_length} tokens")
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Fill an empty sequence through the weights' :class:`PromptRunner` when they have one
+        (faster kernels; the same cache for every generation of this prompt), else as ``extend``."""
+        runner = self.weights.prompt
+        if not tokens or runner is None or self.tokens or self._last[1] is not None:
+            super().prefill(tokens)
+            return
+        check_extend(tokens)
+        self._check_room(tokens)
+        _decoded["any"] = True
+        with self._kv:  # batched: no tick decodes while the prompt runs and lands in the shared context
+            runner.fill(self.ctx, self.layout, self.seq0, list(tokens))
+        self.tokens = list(tokens)
+        self._floor = runner.floor(len(tokens))
 
     def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
         base, n = len(self.tokens), len(chunk)
@@ -315,9 +351,10 @@ class LlamaCppBackend(Backend):
             return
         mem = _llama().llama_get_memory(self.ctx)
         with self._kv:
-            removed = _llama().llama_memory_seq_rm(mem, self.seq0, length, -1)
+            removed = length >= self._floor and _llama().llama_memory_seq_rm(mem, self.seq0, length, -1)
         if not removed:
-            # Partial removal impossible for this cache type: rebuild the prefix instead.
+            # Partial removal impossible for this cache type, or below what a prompt's copied
+            # sliding-window cache holds: rebuild the prefix instead.
             kept = self.tokens[:length]
             self.reset()
             self.prefill(kept)
@@ -356,6 +393,7 @@ class LlamaCppBackend(Backend):
                     lib.llama_memory_seq_rm(mem, s, -1, -1)
         self.tokens = []
         self._last = (0, None, [])
+        self._floor = 0
 
     def __del__(self) -> None:
         if getattr(self, "_shared", None) is None and getattr(self, "ctx", None):

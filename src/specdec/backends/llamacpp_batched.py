@@ -75,7 +75,8 @@ class SharedSequences:
         # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
         # in a context of its own, so flash attention sums them in the same order (a unified cache
         # lets one sequence's new cells land in another's freed holes, before its older cells).
-        self.ctx = LlamaCppBackend.new_context(weights, n_ctx=self.n_ctx, n_seq_max=slots, unified=False)
+        self.layout = (self.n_ctx, slots, False)
+        self.ctx = LlamaCppBackend.new_context(weights, *self.layout)
         self.batch = lib.llama_batch_init(weights.n_batch, 0, 1)
         self.kv = threading.RLock()  # the KV cache: one tick's decode or one sequence's rollback at a time
         self._cond = threading.Condition()

@@ -1,0 +1,120 @@
+"""Prompts through faster kernels in exact mode (:mod:`specdec.backends.llamacpp_prompt`): where
+repacking changes Gemma's weights, a prompt's cache is computed on a repacked copy of the model and
+copied in. The copy must be the same cache every time, alone or batched, and a rollback deeper than
+a sliding-window layer's copy must recompute, never attend to missing cells."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from conftest import spec_bench_prompts  # noqa: E402
+from specdec.backends.llamacpp import has_llamafile, load_llamacpp  # noqa: E402
+from specdec.backends.llamacpp_batched import SharedSequences  # noqa: E402
+from specdec.backends.llamacpp_prompt import PromptRunner  # noqa: E402
+from specdec.models import resolve  # noqa: E402
+
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(has_llamafile(), reason="this llama.cpp build has llamafile kernels "
+                                                         "(make setup builds it without)")]
+
+
+def gguf(name: str) -> str:
+    return str(resolve(name, need_hf=False).gguf)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    weights = load_llamacpp(gguf("gemma3-270m"), n_ctx=2048)
+    assert weights.exact and weights.prompt is not None  # its Q4_K tensors have a repacked form
+    return weights
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 30000) for _ in range(n)]
+
+
+def steps(backend, prompt: list[int], follow: list[int]) -> torch.Tensor:
+    backend.reset()
+    backend.prefill(prompt)
+    return torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])])
+
+
+def test_only_models_that_repacking_changes_get_a_prompt_runner():
+    assert load_llamacpp(gguf("smollm2-135m"), n_ctx=512).prompt is None  # Q4_1: nothing to repack
+    assert load_llamacpp(gguf("gemma3-270m"), n_ctx=512, exact=False).prompt is None  # fast: one model
+
+
+def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
+    """The copy itself changes nothing: a runner on the exact weights gives the exact path's logits
+    bit for bit (so what the repacked runner changes is only its kernels)."""
+    prompt, follow = tokens(0, 300), tokens(1, 4)
+    repacked = gemma.prompt
+    gemma.prompt = None
+    try:
+        reference = steps(gemma.backend(), prompt, follow)  # the prompt as one exact forward
+        gemma.prompt = PromptRunner(gemma, gemma.model, repacked.lib)
+        copied = steps(gemma.backend(), prompt, follow)
+    finally:
+        if gemma.prompt is not None:
+            gemma.prompt.model = None  # the exact weights are not the runner's to free
+            gemma.prompt.close()
+        gemma.prompt = repacked
+    assert torch.equal(copied, reference)
+    assert not torch.equal(steps(gemma.backend(), prompt, follow), reference)  # the repacked runner's own
+
+
+def test_the_same_prompt_gives_the_same_cache_alone_and_among_batched_sequences(gemma):
+    prompts = [tokens(10 + i, n) for i, n in enumerate((120, 600, 260))]  # 600: past the 512-cell window
+    follow = tokens(2, 4)
+    alone = [steps(gemma.backend(), p, follow) for p in prompts]
+    assert steps(gemma.backend(), prompts[0], follow).equal(alone[0])  # and again alone
+    shared = SharedSequences(gemma, slots=3)
+    got: list = [None] * 3
+
+    def work(i: int) -> None:
+        backend = shared.backend()
+        got[i] = steps(backend, prompts[i], follow)
+        backend.idle()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        assert torch.equal(got[i], alone[i]), i
+
+
+def test_a_rollback_below_the_sliding_window_copy_recomputes_the_prompt(gemma):
+    prompt = tokens(3, 700)
+    backend = gemma.backend()
+    backend.prefill(prompt)
+    backend.extend(tokens(4, 3))
+    backend.truncate(250)  # layers with a 512-token window need cells the copy did not bring
+    assert backend.length == 250
+    deep = backend.extend([777])
+    fresh = gemma.backend()
+    fresh.prefill(prompt[:250])
+    assert torch.equal(deep, fresh.extend([777]))
+    backend.truncate(251)
+    assert backend.length == 251  # within the cache now: a plain rollback
+
+
+def test_long_prompts_speculate_exactly(gemma):
+    """Greedy speculation over prompts the runner filled gives plain decoding's tokens (the
+    13-category check is tests/test_llamacpp_exact.py; this one uses the longest prompts)."""
+    import specdec
+
+    model = specdec.load("gemma3-270m", backend="llamacpp")
+    for text in spec_bench_prompts(("summarization", "rag")).values():
+        ids = model.encode(text)
+        plain = model.generate(ids, drafter="none", max_new_tokens=24)
+        for kwargs in (dict(drafter="ngram"), dict(drafter="recycle", tree=True)):
+            assert model.generate(ids, max_new_tokens=24, **kwargs).token_ids == plain.token_ids, kwargs
