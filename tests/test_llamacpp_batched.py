@@ -133,3 +133,16 @@ def test_a_client_that_leaves_frees_its_sequence_and_the_others_go_on(alone, ser
     while model.batched._active:
         assert time.time() < deadline, "the abandoned generation kept its sequence in the batch"
         time.sleep(0.05)
+
+
+def test_a_repeated_chat_prompt_reports_its_cached_tokens(alone, served):
+    url, model = served
+    body = {"model": model.name, "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 8,
+            "temperature": 0}
+    expected = alone.generate(PROMPTS[2], chat=True, max_new_tokens=8, drafter="none").text
+    answers = [httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json() for _ in range(2)]
+    for answer in answers:
+        assert answer["choices"][0]["message"]["content"] == expected
+    usage = answers[1]["usage"]
+    # Everything but the prompt's last token (whose logits start the answer) came from the first one.
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1

@@ -1,7 +1,10 @@
-"""Prompts through faster kernels in exact mode (:mod:`specdec.backends.llamacpp_prompt`): where
-repacking changes Gemma's weights, a prompt's cache is computed on a repacked copy of the model and
-copied in. The copy must be the same cache every time, alone or batched, and a rollback deeper than
-a sliding-window layer's copy must recompute, never attend to missing cells."""
+"""How exact mode fills a prompt (:mod:`specdec.backends.llamacpp_prompt`).
+
+Where repacking changes Gemma's weights, a prompt's cache is computed on a repacked copy of the
+model and copied in: the same cache every time, alone or batched, and a rollback deeper than a
+sliding-window layer's copy recomputes, never attends to missing cells. Elsewhere (SmolLM2) a
+prompt that begins like a recent one starts from that one's cache: the logits must be those of the
+prompt computed cold, alone and batched."""
 
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ def steps(backend, prompt: list[int], follow: list[int]) -> torch.Tensor:
 
 
 def test_only_models_that_repacking_changes_get_a_prompt_runner():
-    assert load_llamacpp(gguf("smollm2-135m"), n_ctx=512).prompt is None  # Q4_1: nothing to repack
-    assert load_llamacpp(gguf("gemma3-270m"), n_ctx=512, exact=False).prompt is None  # fast: one model
+    smol = load_llamacpp(gguf("smollm2-135m"), n_ctx=512)
+    assert smol.prompt is None and smol.prompts is not None  # Q4_1: nothing to repack; no sliding window
+    fast = load_llamacpp(gguf("gemma3-270m"), n_ctx=512, exact=False)
+    assert fast.prompt is None and fast.prompts is None  # fast kernels: a cached beginning would differ
 
 
 def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
@@ -118,3 +123,54 @@ def test_long_prompts_speculate_exactly(gemma):
         plain = model.generate(ids, drafter="none", max_new_tokens=24)
         for kwargs in (dict(drafter="ngram"), dict(drafter="recycle", tree=True)):
             assert model.generate(ids, max_new_tokens=24, **kwargs).token_ids == plain.token_ids, kwargs
+
+
+@pytest.fixture(scope="module")
+def smol():
+    weights = load_llamacpp(gguf("smollm2-135m"), n_ctx=2048)
+    assert weights.prompts is not None
+    return weights
+
+
+def cold(weights, prompt: list[int], follow: list[int]) -> torch.Tensor:
+    cache, weights.prompts = weights.prompts, None
+    try:
+        return steps(weights.backend(), prompt, follow)
+    finally:
+        weights.prompts = cache
+
+
+def test_a_prompt_that_begins_like_a_recent_one_gets_its_cold_logits(smol):
+    system, follow = tokens(20, 70), tokens(21, 4)
+    first, second = system + tokens(22, 30), system + tokens(23, 45)
+    expected = [cold(smol, p, follow) for p in (first, second, system[:50])]
+    hits, saved = smol.prompts.hits, smol.prompts.tokens_saved
+    got = [steps(smol.backend(), p, follow) for p in (first, second, system[:50])]
+    assert smol.prompts.hits == hits + 2  # second (70 tokens of first) and system[:50] (all of it)
+    assert smol.prompts.tokens_saved == saved + 70 + 50
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)
+
+
+def test_batched_sequences_start_from_cached_prompts_and_get_their_cold_logits(smol):
+    system, follow = tokens(30, 60), tokens(31, 4)
+    prompts = [system + tokens(32 + i, 20 + 7 * i) for i in range(4)]
+    expected = [cold(smol, p, follow) for p in prompts]
+    shared = SharedSequences(smol, slots=4)
+    hits = smol.prompts.hits
+    got: list = [None] * 4
+
+    def work(i: int) -> None:
+        backend = shared.backend()
+        for _ in range(2):  # the second round finds every prompt in the cache
+            got[i] = steps(backend, prompts[i], follow)
+        backend.idle()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert smol.prompts.hits >= hits + 4
+    for i in range(4):
+        assert torch.equal(got[i], expected[i]), i

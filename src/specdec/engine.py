@@ -117,7 +117,7 @@ class DecodeRun:
         stats.prompt_tokens = len(self.prompt)
         self.target.reset()
         self.policy.begin(self.target)
-        self.target.prefill(self.prompt[:-1])
+        stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
         self.drafter.attach(self.target)
         self.drafter.begin(self.prompt, self.sampler)

@@ -21,6 +21,7 @@ class GenerationStats:
     """
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the target took from an earlier prompt's cache
     new_tokens: int = 0
     target_forwards: int = 0  # decoding forwards of the target (the prefill is not counted)
     draft_forwards: int = 0
@@ -151,6 +152,7 @@ class GenerationStats:
             "wall_s": round(self.wall_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "prefill_s": round(self.prefill_s, 4),
             "draft_steps": self.draft_steps,
             "bonus_tokens": self.bonus,

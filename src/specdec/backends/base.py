@@ -65,10 +65,12 @@ class Backend(ABC):
         """Forget the whole sequence."""
         self.truncate(0)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Fill the cache with ``tokens`` without needing their logits."""
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Fill the cache with ``tokens`` without needing their logits; return how many of them a
+        backend took from the cache of an earlier prompt instead of computing them."""
         if tokens:
             self.extend(tokens, last_only=True)
+        return 0
 
     def forward_costs(self, costs: CostModel) -> CostModel:
         """What a forward of n new tokens costs *this sequence*, given the model's measured curve:

@@ -27,7 +27,7 @@ import torch
 
 from specdec import tree as trees
 from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
-from specdec.backends.llamacpp_prompt import Layout, PromptRunner, load_repacked
+from specdec.backends.llamacpp_prompt import Layout, PromptCache, PromptRunner, load_repacked
 from specdec.errors import SpecdecError
 from specdec.registry import LoadedWeights, LoadRequest, backend
 
@@ -134,13 +134,20 @@ class LlamaCppWeights:
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        # How an empty sequence's prompt is filled (exact kernels only; fast kernels would make a
+        # cached beginning differ from a computed one): on repacked weights where that changes a
+        # tensor, else from the caches of recent prompts where the model has no sliding window.
         self.prompt: PromptRunner | None = None
+        self.prompts: PromptCache | None = None
         if self.kernels.exact:
             repacked, changed = load_repacked(path, llama_cpp)
             if changed:
                 self.prompt = PromptRunner(self, repacked, llama_cpp)
-            elif repacked:
-                llama_cpp.llama_model_free(repacked)
+            else:
+                if repacked:
+                    llama_cpp.llama_model_free(repacked)
+                if llama_cpp.llama_model_n_swa(self.model) == 0:
+                    self.prompts = PromptCache(llama_cpp)
 
     @property
     def exact(self) -> bool:
@@ -264,20 +271,38 @@ class LlamaCppBackend(Backend):
         if len(self.tokens) + len(tokens) > self.max_length:
             raise SpecdecError(f"the sequence would exceed the llama.cpp context of {self.max_length} tokens")
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Fill an empty sequence through the weights' :class:`PromptRunner` when they have one
-        (faster kernels; the same cache for every generation of this prompt), else as ``extend``."""
-        runner = self.weights.prompt
-        if not tokens or runner is None or self.tokens or self._last[1] is not None:
-            super().prefill(tokens)
-            return
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Fill an empty sequence through the weights' :class:`PromptRunner` (faster kernels; the
+        same cache for every generation of this prompt) or from their :class:`PromptCache` and an
+        ``extend`` of what it does not hold, else as ``extend``."""
+        runner, cache = self.weights.prompt, self.weights.prompts
+        if not tokens or (runner is None and cache is None) or self.tokens or self._last[1] is not None:
+            return super().prefill(tokens)
+        tokens = list(tokens)
         check_extend(tokens)
         self._check_room(tokens)
         _decoded["any"] = True
-        with self._kv:  # batched: no tick decodes while the prompt runs and lands in the shared context
-            runner.fill(self.ctx, self.layout, self.seq0, list(tokens))
-        self.tokens = list(tokens)
-        self._floor = runner.floor(len(tokens))
+        if runner is not None:
+            with self._kv:  # batched: no tick decodes while the prompt runs and lands in the shared context
+                runner.fill(self.ctx, self.layout, self.seq0, tokens)
+            self.tokens = tokens
+            self._floor = runner.floor(len(tokens))
+            return 0
+        hit = cache.lookup(self.layout, tokens)
+        if hit is not None:
+            common, state, size = hit
+            lib = _llama()
+            with self._kv:
+                cache.load(self.ctx, self.seq0, state, size)
+                lib.llama_memory_seq_rm(lib.llama_get_memory(self.ctx), self.seq0, common, -1)  # past the shared beginning
+            self.tokens = tokens[:common]
+            cache.hits += 1
+            cache.tokens_saved += common
+        if len(self.tokens) < len(tokens):
+            self.extend(tokens[len(self.tokens):], last_only=True)
+        with self._kv:
+            cache.save(self.layout, tokens, self.ctx, self.seq0)
+        return 0 if hit is None else hit[0]
 
     def _decode(self, chunk: Sequence[int], want_all: bool, want_last: bool) -> np.ndarray:
         base, n = len(self.tokens), len(chunk)

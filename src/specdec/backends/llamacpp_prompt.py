@@ -102,3 +102,62 @@ class PromptRunner:
         if self.model:
             self.lib.llama_model_free(self.model)
             self.model = None
+
+
+class PromptCache:
+    """The caches of recent prompts, so that a prompt that begins like one of them (a chat
+    template's system prompt, an earlier turn) computes only the rest.
+
+    Only for exact kernels without a :class:`PromptRunner`: their k-token forward equals k one-token
+    forwards bit for bit, so the cells of a beginning are the same whichever forward made them, and
+    a prompt filled from the cache gets the logits it gets cold. Not for sliding-window models: a
+    sequence's copy leaves out the cells outside its window, which a shorter prompt still needs.
+    """
+
+    def __init__(self, lib, entries: int = 8, min_tokens: int = 16) -> None:
+        self.lib = lib
+        self.entries, self.min_tokens = entries, min_tokens
+        self._saved: list[tuple[Layout, tuple[int, ...], object, int]] = []  # most recent last
+        self._lock = threading.Lock()
+        self.hits = 0  # prompts filled from the cache, and the tokens that saved
+        self.tokens_saved = 0
+
+    def lookup(self, layout: Layout, tokens: list[int]) -> tuple[int, object, int] | None:
+        """The longest beginning of ``tokens`` held for ``layout`` (at least ``min_tokens``):
+        (its length, the saved state, the state's size), or None."""
+        best = None
+        with self._lock:
+            for saved_layout, saved, state, size in self._saved:
+                if saved_layout != layout:
+                    continue
+                n = _common(saved, tokens)
+                if n >= self.min_tokens and (best is None or n > best[0]):
+                    best = (n, state, size)
+        return best
+
+    def save(self, layout: Layout, tokens: list[int], ctx, seq: int) -> None:
+        """Keep the cache of sequence ``seq`` of ``ctx``, which holds exactly ``tokens``."""
+        if len(tokens) < self.min_tokens:
+            return
+        key = tuple(tokens)
+        with self._lock:
+            if any(saved_layout == layout and saved == key for saved_layout, saved, _, _ in self._saved):
+                return
+        size = self.lib.llama_state_seq_get_size(ctx, seq)
+        state = (ctypes.c_uint8 * size)()
+        written = self.lib.llama_state_seq_get_data(ctx, state, size, seq)
+        with self._lock:
+            self._saved.append((layout, key, state, written))
+            del self._saved[:-self.entries]
+
+    def load(self, ctx, seq: int, state, size: int) -> None:
+        if self.lib.llama_state_seq_set_data(ctx, state, size, seq) != size:
+            raise SpecdecError("llama.cpp could not load a cached prompt into the context")
+
+
+def _common(a: tuple[int, ...], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -19,6 +19,8 @@ class ServerMetrics:
         self.requests = Counter("specdec:requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("specdec:prompt_tokens", "prompt tokens processed", registry=r)
+        self.cached_tokens = Counter("specdec:prompt_tokens_cached", "prompt tokens taken from an earlier "
+                                     "prompt's cache", registry=r)
         self.generation_tokens = Counter("specdec:generation_tokens", "tokens generated", registry=r)
         self.latency = Histogram("specdec:e2e_request_latency_seconds", "request latency, arrival to last token",
                                  registry=r, buckets=LATENCY_BUCKETS)
@@ -38,6 +40,7 @@ class ServerMetrics:
     def generation(self, stats: GenerationStats) -> None:
         """Count one finished (or abandoned) generation."""
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
         self.generation_tokens.inc(stats.new_tokens)
         self.drafts.inc(stats.draft_steps)
         self.draft_tokens.inc(stats.drafted)

@@ -27,7 +27,8 @@ def usage(stats: GenerationStats, seed: int | None) -> dict:
     if seed is not None:
         spec["seed"] = seed
     return {"usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-                      "total_tokens": stats.prompt_tokens + stats.new_tokens},
+                      "total_tokens": stats.prompt_tokens + stats.new_tokens,
+                      "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
             "speculative": spec}
 
 
