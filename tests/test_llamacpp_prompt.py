@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("llama_cpp")
 
 from conftest import spec_bench_prompts  # noqa: E402
+import specdec  # noqa: E402
 from specdec.backends.llamacpp import has_llamafile, load_llamacpp  # noqa: E402
 from specdec.backends.llamacpp_batched import SharedSequences  # noqa: E402
 from specdec.backends.llamacpp_prompt import PromptRunner  # noqa: E402
@@ -174,3 +175,15 @@ def test_batched_sequences_start_from_cached_prompts_and_get_their_cold_logits(s
     assert smol.prompts.hits >= hits + 4
     for i in range(4):
         assert torch.equal(got[i], expected[i]), i
+
+
+def test_a_benchmark_can_start_every_generation_cold():
+    model = specdec.load("smollm2-135m", backend="llamacpp")
+    prompt = "Name three rivers of Europe and the seas they flow into."
+    first = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
+    warm = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
+    model.forget_prompts()
+    again = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
+    assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == 0
+    assert warm.stats.cached_tokens == warm.stats.prompt_tokens - 1
+    assert first.token_ids == warm.token_ids == again.token_ids

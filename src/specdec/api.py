@@ -73,7 +73,8 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
     tokenizer, eos = _load_tokenizer(resolved)
     weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True, exact=exact))
     return Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
-                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact, batched=weights.batched)
+                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact, batched=weights.batched,
+                 forget_prompts=weights.forget_prompts)
 
 
 def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
@@ -112,7 +113,8 @@ class Model:
     def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
                  eos: frozenset[int] = frozenset(), backend_name: str = "transformers",
                  cost_key: str = "", hf_model=None, exact: bool = False,
-                 batched: Callable[[int], Any] | None = None) -> None:
+                 batched: Callable[[int], Any] | None = None,
+                 forget_prompts: Callable[[], None] | None = None) -> None:
         self.name = name
         self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
         self.codec = TextCodec(tokenizer, name)
@@ -129,6 +131,13 @@ class Model:
         self._batched_factory = batched
         self._layer_access: bool | None = None
         self.batched = None  # the SharedSequences all generations step in, once enable_batching ran
+        self._forget_prompts = forget_prompts
+
+    def forget_prompts(self) -> None:
+        """Drop the caches of earlier prompts kept for reuse (llama.cpp with exact kernels), so that
+        the next generation computes its whole prompt, as a first request would."""
+        if self._forget_prompts is not None:
+            self._forget_prompts()
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:

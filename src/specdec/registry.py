@@ -169,6 +169,8 @@ class LoadedWeights:
     # slots -> a SharedSequences-like object whose ``backend()`` sequences step in one forward
     # (continuous batching); None: the backend runs each sequence's forwards on their own.
     batched: Callable[[int], Any] | None = None
+    # Forget the caches of earlier prompts the weights keep for reuse (a benchmark's cold start).
+    forget_prompts: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

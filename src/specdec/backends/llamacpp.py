@@ -182,7 +182,9 @@ def _load(request: LoadRequest) -> LoadedWeights:
         from specdec.backends.llamacpp_batched import SharedSequences
 
         return SharedSequences(weights, slots)
-    return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact, batched=batched)
+    forget = weights.prompts.clear if weights.prompts is not None else None
+    return LoadedWeights(weights.backend, f"gguf-{weights.kernels.name}", exact=weights.exact, batched=batched,
+                         forget_prompts=forget)
 
 
 def context_params(weights: LlamaCppWeights, n_ctx: int, n_seq_max: int, unified: bool):

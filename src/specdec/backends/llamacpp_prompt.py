@@ -150,6 +150,11 @@ class PromptCache:
             self._saved.append((layout, key, state, written))
             del self._saved[:-self.entries]
 
+    def clear(self) -> None:
+        """Forget every saved prompt."""
+        with self._lock:
+            self._saved.clear()
+
     def load(self, ctx, seq: int, state, size: int) -> None:
         if self.lib.llama_state_seq_set_data(ctx, state, size, seq) != size:
             raise SpecdecError("llama.cpp could not load a cached prompt into the context")

@@ -102,6 +102,11 @@ class OurMethod(Method):
 
     def run(self, prompt_ids, max_new_tokens, seed):
         options = self.options.with_(max_new_tokens=max_new_tokens, seed=seed)
+        # Cold, like the peers (whose caches are reset): another method's run of the same question
+        # must not leave this one its prompt.
+        for model in (self.model, self.draft_model):
+            if model is not None:
+                model.forget_prompts()
         t0 = time.perf_counter()
         out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model)
         wall = time.perf_counter() - t0
