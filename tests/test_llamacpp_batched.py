@@ -146,3 +146,17 @@ def test_a_repeated_chat_prompt_reports_its_cached_tokens(alone, served):
     usage = answers[1]["usage"]
     # Everything but the prompt's last token (whose logits start the answer) came from the first one.
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_generations_take_the_lowest_free_sequences(batched):
+    # llama.cpp slices a batch wherever sequence ids are not consecutive: a generation that starts
+    # while 0 and 2 run must get 1, not whichever sequence went idle last.
+    pool = batched.pool
+    held = [pool.take() for _ in range(4)]
+    assert sorted(b.slot for b in held) == [0, 1, 2, 3]
+    for b in sorted(held, key=lambda b: b.slot):
+        pool.give(b)  # slot 3 is the last given back
+    first, second = pool.take(), pool.take()
+    assert (first.slot, second.slot) == (0, 1)
+    pool.give(first)
+    pool.give(second)

@@ -12,16 +12,22 @@ from specdec.backends.base import Backend
 class BackendPool:
     """Hands out backends over shared weights, one sequence each; thread-safe."""
 
-    def __init__(self, make: Callable[[], Backend], max_idle: int = 8) -> None:
+    def __init__(self, make: Callable[[], Backend], max_idle: int = 8,
+                 order: Callable[[Backend], int] | None = None) -> None:
         self.make = make
         self.max_idle = max_idle
+        # Which idle backend goes first (lowest key); None: the one given back last.
+        self.order = order
         self._idle: list[Backend] = []
         self._lock = threading.Lock()
 
     def take(self) -> Backend:
         with self._lock:
             if self._idle:
-                return self._idle.pop()
+                if self.order is None:
+                    return self._idle.pop()
+                first = min(range(len(self._idle)), key=lambda i: self.order(self._idle[i]))
+                return self._idle.pop(first)
         return self.make()
 
     def give(self, backend: Backend) -> None:

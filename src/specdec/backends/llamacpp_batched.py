@@ -99,7 +99,8 @@ class SharedSequences:
         with self._cond:
             if not self._free:
                 raise SpecdecError(f"all {self.slots} batched sequences are in use")
-            slot = self._free.pop(0)
+            slot = min(self._free)  # lowest first: see _run on consecutive sequence ids
+            self._free.remove(slot)
         return SequenceBackend(self, slot)
 
     def join(self, slot: int) -> None:
