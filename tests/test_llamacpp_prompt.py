@@ -50,6 +50,26 @@ def steps(backend, prompt: list[int], follow: list[int]) -> torch.Tensor:
     return torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])])
 
 
+def batched(weights, prompts: list[list[int]], follow: list[int], rounds: int = 1) -> list[torch.Tensor]:
+    """``steps`` for every prompt at once, each in its own sequence of one batched context (the
+    last of ``rounds`` runs per sequence)."""
+    shared = SharedSequences(weights, slots=len(prompts))
+    got: list = [None] * len(prompts)
+
+    def work(i: int) -> None:
+        backend = shared.backend()
+        for _ in range(rounds):
+            got[i] = steps(backend, prompts[i], follow)
+        backend.idle()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_only_models_that_repacking_changes_get_a_prompt_runner():
     smol = load_llamacpp(gguf("smollm2-135m"), n_ctx=512)
     assert smol.prompt is None and smol.prompts is not None  # Q4_1: nothing to repack; no sliding window
@@ -81,19 +101,7 @@ def test_the_same_prompt_gives_the_same_cache_alone_and_among_batched_sequences(
     follow = tokens(2, 4)
     alone = [steps(gemma.backend(), p, follow) for p in prompts]
     assert steps(gemma.backend(), prompts[0], follow).equal(alone[0])  # and again alone
-    shared = SharedSequences(gemma, slots=3)
-    got: list = [None] * 3
-
-    def work(i: int) -> None:
-        backend = shared.backend()
-        got[i] = steps(backend, prompts[i], follow)
-        backend.idle()
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = batched(gemma, prompts, follow)
     for i in range(3):
         assert torch.equal(got[i], alone[i]), i
 
@@ -157,21 +165,8 @@ def test_batched_sequences_start_from_cached_prompts_and_get_their_cold_logits(s
     system, follow = tokens(30, 60), tokens(31, 4)
     prompts = [system + tokens(32 + i, 20 + 7 * i) for i in range(4)]
     expected = [cold(smol, p, follow) for p in prompts]
-    shared = SharedSequences(smol, slots=4)
     hits = smol.prompts.hits
-    got: list = [None] * 4
-
-    def work(i: int) -> None:
-        backend = shared.backend()
-        for _ in range(2):  # the second round finds every prompt in the cache
-            got[i] = steps(backend, prompts[i], follow)
-        backend.idle()
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got = batched(smol, prompts, follow, rounds=2)  # the second round finds every prompt in the cache
     assert smol.prompts.hits >= hits + 4
     for i in range(4):
         assert torch.equal(got[i], expected[i]), i

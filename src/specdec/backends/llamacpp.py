@@ -212,7 +212,8 @@ class LlamaCppBackend(Backend):
     shared by several branches carries all their ids, and llama.cpp lets a token attend to the
     cells of its first id, which every ancestor carries too. The cached prefix is shared with each
     branch by ``seq_cp`` (the KV buffer is unified, so nothing is copied), and keeping a path
-    hands the accepted branch's cells back to sequence 0.
+    hands the accepted branch's cells back to sequence 0. The rejected nodes' cells stay occupied
+    by one more sequence id that nothing attends to (see :meth:`_park`).
     """
 
     supports_tree = True
@@ -224,8 +225,11 @@ class LlamaCppBackend(Backend):
         # Sequence ids seq0 .. seq0 + branches - 1 are this sequence's (its own, then a tree's branches).
         self.seq0, self.branches = seq0, branches
         self._shared = shared  # a SharedSequences whose ticks run this sequence's forwards, or None
+        # The id that holds a tree's rejected cells (standalone contexts only: batched sequences
+        # have no trees).
+        self.park: int | None = None if shared is not None else seq0 + branches
         if shared is None:
-            self.layout: Layout = (weights.n_ctx, branches, True)
+            self.layout: Layout = (weights.n_ctx, branches + 1, True)
             self.ctx = self.new_context(weights, *self.layout)
             self.batch = _llama().llama_batch_init(weights.n_batch, 0, branches)
             self._kv = contextlib.nullcontext()
@@ -234,6 +238,8 @@ class LlamaCppBackend(Backend):
             self.ctx, self.batch, self._kv = shared.ctx, None, shared.kv
         self.tokens: list[int] = []
         self._floor = 0  # rolling back below this length recomputes the prompt (see PromptRunner.floor)
+        self._prefilled = 0  # tokens the prompt filled (by prefill), the rest came one extend at a time
+        self._parked = 0  # at most this many cells are parked (see _park)
         self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
 
     @staticmethod
@@ -256,6 +262,7 @@ class LlamaCppBackend(Backend):
         if self._last[1] is not None:
             raise ValueError("a tree extend must be followed by truncate, not another extend")
         self._check_room(tokens)
+        self._make_room(len(tokens))
         if tree is not None:
             return torch.from_numpy(self._decode_tree(list(tokens), list(tree), last_only))
         rows: list[np.ndarray] = []
@@ -277,6 +284,11 @@ class LlamaCppBackend(Backend):
         """Fill an empty sequence through the weights' :class:`PromptRunner` (faster kernels; the
         same cache for every generation of this prompt) or from their :class:`PromptCache` and an
         ``extend`` of what it does not hold, else as ``extend``."""
+        saved = self._prefill(tokens)
+        self._prefilled = len(self.tokens)
+        return saved
+
+    def _prefill(self, tokens: Sequence[int]) -> int:
         runner, cache = self.weights.prompt, self.weights.prompts
         if not tokens or (runner is None and cache is None) or self.tokens or self._last[1] is not None:
             return super().prefill(tokens)
@@ -386,7 +398,38 @@ class LlamaCppBackend(Backend):
             self.reset()
             self.prefill(kept)
             return
+        if self._parked:  # the removed cells may be parked ones too
+            self._parked += len(self.tokens) - length
+        self._prefilled = min(self._prefilled, length)
         del self.tokens[length:]
+
+    def _park(self, start: int, count: int) -> None:
+        """Give the cells of the last tree (positions from ``start``, on its ``count`` branches) to
+        the parking id, so that dropping a branch does not free them.
+
+        Freed cells between the kept path's cells are holes, and the unified cache puts the next
+        tokens in the first holes, before cells of the kept path: flash attention then sums the
+        sequence's cells in another order than plain decoding, which rounds differently and at a
+        near-tie picks another token (measured: fixed-K trees on SmolLM2 parted from plain decoding
+        in 12 of 60 generations). A parked cell belongs to no sequence that attends, so it is
+        masked like any other sequence's cell; :meth:`_make_room` recomputes when they crowd.
+        """
+        if self.park is None:
+            return
+        lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
+        for b in range(count):
+            lib.llama_memory_seq_cp(mem, self.seq0 + b, self.park, start, -1)
+
+    def _make_room(self, n: int) -> None:
+        """Recompute the sequence in an empty cache when parked cells would leave no room for ``n``
+        new ones: the prompt as it was filled, the rest by exact kernels, so the same cells."""
+        if not self._parked or len(self.tokens) + self._parked + n <= self.layout[0]:
+            return
+        kept, prompt = list(self.tokens), self._prefilled
+        self.reset()
+        self.prefill(kept[:prompt])
+        if len(kept) > prompt:
+            self.extend(kept[prompt:], last_only=True)
 
     def _keep_branch(self, start: int, keep: list[int], branches: list[list[int]]) -> None:
         """Sequence 0 becomes the prefix plus the path ``keep`` (offsets into the last tree extend)."""
@@ -394,6 +437,7 @@ class LlamaCppBackend(Backend):
         last = keep[-1] if keep else -1
         chosen = next(b for b, path in enumerate(branches) if last < 0 or last in path)
         with self._kv:
+            self._park(start, len(branches))
             for b in range(1, len(branches)):
                 if b != chosen:
                     lib.llama_memory_seq_rm(mem, s0 + b, -1, -1)
@@ -402,11 +446,14 @@ class LlamaCppBackend(Backend):
                 lib.llama_memory_seq_cp(mem, s0 + chosen, s0, start, -1)
                 lib.llama_memory_seq_rm(mem, s0 + chosen, -1, -1)
             lib.llama_memory_seq_rm(mem, s0, start + len(keep), -1)  # the branch below the kept path
+        if self.park is not None:
+            self._parked += len(self.tokens) - start - len(keep)
         self.tokens[start:] = [self.tokens[start + o] for o in keep]
 
     def _drop_branches(self, start: int, count: int) -> None:
         lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
         with self._kv:
+            self._park(start, count)  # counted by the truncate that follows
             for b in range(1, count):
                 lib.llama_memory_seq_rm(mem, self.seq0 + b, -1, -1)
 
@@ -421,6 +468,7 @@ class LlamaCppBackend(Backend):
         self.tokens = []
         self._last = (0, None, [])
         self._floor = 0
+        self._prefilled = self._parked = 0
 
     def __del__(self) -> None:
         if getattr(self, "_shared", None) is None and getattr(self, "ctx", None):
