@@ -26,8 +26,9 @@ class BackendPool:
             if self._idle:
                 if self.order is None:
                     return self._idle.pop()
-                first = min(range(len(self._idle)), key=lambda i: self.order(self._idle[i]))
-                return self._idle.pop(first)
+                first = min(self._idle, key=self.order)
+                self._idle.remove(first)
+                return first
         return self.make()
 
     def give(self, backend: Backend) -> None:

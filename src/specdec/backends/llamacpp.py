@@ -239,7 +239,7 @@ class LlamaCppBackend(Backend):
         self.tokens: list[int] = []
         self._floor = 0  # rolling back below this length recomputes the prompt (see PromptRunner.floor)
         self._prefilled = 0  # tokens the prompt filled (by prefill), the rest came one extend at a time
-        self._parked = 0  # at most this many cells are parked (see _park)
+        self._parked = 0  # cells given to the parking id since the last reset (see _park)
         self._last: tuple[int, list[int] | None, list[list[int]]] = (0, None, [])  # start, tree, branches
 
     @staticmethod
@@ -304,14 +304,8 @@ class LlamaCppBackend(Backend):
             return 0
         hit = cache.lookup(self.layout, tokens)
         if hit is not None:
-            common, state, size = hit
-            lib = _llama()
             with self._kv:
-                cache.load(self.ctx, self.seq0, state, size)
-                lib.llama_memory_seq_rm(lib.llama_get_memory(self.ctx), self.seq0, common, -1)  # past the shared beginning
-            self.tokens = tokens[:common]
-            cache.hits += 1
-            cache.tokens_saved += common
+                self.tokens = tokens[:cache.load(self.ctx, self.seq0, hit)]
         if len(self.tokens) < len(tokens):
             self.extend(tokens[len(self.tokens):], last_only=True)
         with self._kv:
@@ -398,8 +392,6 @@ class LlamaCppBackend(Backend):
             self.reset()
             self.prefill(kept)
             return
-        if self._parked:  # the removed cells may be parked ones too
-            self._parked += len(self.tokens) - length
         self._prefilled = min(self._prefilled, length)
         del self.tokens[length:]
 
@@ -413,12 +405,15 @@ class LlamaCppBackend(Backend):
         near-tie picks another token (measured: fixed-K trees on SmolLM2 parted from plain decoding
         in 12 of 60 generations). A parked cell belongs to no sequence that attends, so it is
         masked like any other sequence's cell; :meth:`_make_room` recomputes when they crowd.
+        Parked cells stay occupied until the next reset, kept or not: the cells in use are at most
+        the sequence's tokens plus everything parked.
         """
         if self.park is None:
             return
         lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
         for b in range(count):
             lib.llama_memory_seq_cp(mem, self.seq0 + b, self.park, start, -1)
+        self._parked += len(self.tokens) - start
 
     def _make_room(self, n: int) -> None:
         """Recompute the sequence in an empty cache when parked cells would leave no room for ``n``
@@ -446,14 +441,12 @@ class LlamaCppBackend(Backend):
                 lib.llama_memory_seq_cp(mem, s0 + chosen, s0, start, -1)
                 lib.llama_memory_seq_rm(mem, s0 + chosen, -1, -1)
             lib.llama_memory_seq_rm(mem, s0, start + len(keep), -1)  # the branch below the kept path
-        if self.park is not None:
-            self._parked += len(self.tokens) - start - len(keep)
         self.tokens[start:] = [self.tokens[start + o] for o in keep]
 
     def _drop_branches(self, start: int, count: int) -> None:
         lib, mem = _llama(), _llama().llama_get_memory(self.ctx)
         with self._kv:
-            self._park(start, count)  # counted by the truncate that follows
+            self._park(start, count)
             for b in range(1, count):
                 lib.llama_memory_seq_rm(mem, self.seq0 + b, -1, -1)
 

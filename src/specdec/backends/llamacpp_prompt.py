@@ -25,6 +25,19 @@ if TYPE_CHECKING:
 Layout = tuple[int, int, bool]  # n_ctx, n_seq_max, unified: the state of one context loads into another alike
 
 
+def seq_state(lib, ctx, seq: int) -> tuple[object, int]:
+    """A copy of sequence ``seq``'s cache in ``ctx``: (the bytes, their count)."""
+    size = lib.llama_state_seq_get_size(ctx, seq)
+    state = (ctypes.c_uint8 * size)()
+    return state, lib.llama_state_seq_get_data(ctx, state, size, seq)
+
+
+def load_seq_state(lib, ctx, seq: int, state, size: int) -> None:
+    """Put a :func:`seq_state` copy into (empty) sequence ``seq`` of ``ctx``, a context of the same layout."""
+    if lib.llama_state_seq_set_data(ctx, state, size, seq) != size:
+        raise SpecdecError("llama.cpp could not load a prompt's cache into the decoding context")
+
+
 def load_repacked(path: str, lib) -> tuple[object, bool]:
     """The model with repacked weights, and whether llama.cpp repacked any tensor of it (its load
     log names a CPU_REPACK buffer only then)."""
@@ -82,11 +95,7 @@ class PromptRunner:
                     batch.logits[i] = False  # a prefill needs no logits: not even the output matmul
                 if lib.llama_decode(ctx, batch) != 0:
                     raise RuntimeError("llama_decode failed")
-            size = lib.llama_state_seq_get_size(ctx, 0)
-            state = (ctypes.c_uint8 * size)()
-            written = lib.llama_state_seq_get_data(ctx, state, size, 0)
-            if lib.llama_state_seq_set_data(target_ctx, state, written, seq) != written:
-                raise SpecdecError("llama.cpp could not load a prompt's cache into the decoding context")
+            load_seq_state(lib, target_ctx, seq, *seq_state(lib, ctx, 0))
 
     def floor(self, length: int) -> int:
         """The shortest length a sequence filled with ``length`` prompt tokens can be cut back to
@@ -124,7 +133,7 @@ class PromptCache:
 
     def lookup(self, layout: Layout, tokens: list[int]) -> tuple[int, object, int] | None:
         """The longest beginning of ``tokens`` held for ``layout`` (at least ``min_tokens``):
-        (its length, the saved state, the state's size), or None."""
+        (its length, the saved state, the state's size), or None. Give it to :meth:`load`."""
         best = None
         with self._lock:
             for saved_layout, saved, state, size in self._saved:
@@ -143,9 +152,7 @@ class PromptCache:
         with self._lock:
             if any(saved_layout == layout and saved == key for saved_layout, saved, _, _ in self._saved):
                 return
-        size = self.lib.llama_state_seq_get_size(ctx, seq)
-        state = (ctypes.c_uint8 * size)()
-        written = self.lib.llama_state_seq_get_data(ctx, state, size, seq)
+        state, written = seq_state(self.lib, ctx, seq)
         with self._lock:
             self._saved.append((layout, key, state, written))
             del self._saved[:-self.entries]
@@ -155,9 +162,14 @@ class PromptCache:
         with self._lock:
             self._saved.clear()
 
-    def load(self, ctx, seq: int, state, size: int) -> None:
-        if self.lib.llama_state_seq_set_data(ctx, state, size, seq) != size:
-            raise SpecdecError("llama.cpp could not load a cached prompt into the context")
+    def load(self, ctx, seq: int, hit: tuple[int, object, int]) -> int:
+        """Fill empty sequence ``seq`` of ``ctx`` with the beginning :meth:`lookup` found; its length."""
+        common, state, size = hit
+        load_seq_state(self.lib, ctx, seq, state, size)
+        self.lib.llama_memory_seq_rm(self.lib.llama_get_memory(ctx), seq, common, -1)  # the saved prompt's rest
+        self.hits += 1
+        self.tokens_saved += common
+        return common
 
 
 def _common(a: tuple[int, ...], b: list[int]) -> int:
