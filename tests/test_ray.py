@@ -182,20 +182,23 @@ def test_a_killed_replica_is_restarted_and_others_succeed(ray_served, tiny):
         return httpx.post(url + "/v1/completions", timeout=60, json={
             "model": tiny.name, "prompt": prompt if i % 2 else f"zebra {i}", "max_tokens": 24, "temperature": 0})
 
-    with ThreadPoolExecutor(8) as pool, httpx.stream(
-            "POST", url + "/v1/completions", timeout=60,
-            json={"model": tiny.name, "prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True}) as long:
-        assert long.headers["x-specdec-replica"] == victim  # the same prefix: the same replica
-        lines = long.iter_lines()
-        next(line for line in lines if line.startswith("data:"))  # in flight on the victim
-        # The victim's too, long enough to be still in flight when it is killed (at 200 tokens one could
-        # finish first on a fast machine).
+    # The kill must land while the victim is busy, and the tiny model makes about a token a millisecond:
+    # a whole answer of 480 tokens (the most its 512 positions allow) goes first, the stream after it
+    # to the same replica, and the kill follows the stream's first event at once (killing 0.3 s after
+    # both had started let one of them finish first now and then).
+    with ThreadPoolExecutor(8) as pool:
         whole = [pool.submit(httpx.post, url + "/v1/completions", timeout=60, json={
-            "model": tiny.name, "prompt": prompt, "max_tokens": 480, "temperature": 0}) for _ in range(2)]
-        futures = [pool.submit(one, i) for i in range(16)]
-        time.sleep(0.3)
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        events = [line for line in lines if line.startswith("data:")]
+            "model": tiny.name, "prompt": prompt, "max_tokens": 480, "temperature": 0})]
+        time.sleep(0.05)
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"model": tiny.name, "prompt": prompt, "max_tokens": 480, "temperature": 0,
+                                "stream": True}) as long:
+            assert long.headers["x-specdec-replica"] == victim  # the same prefix: the same replica
+            lines = long.iter_lines()
+            next(line for line in lines if line.startswith("data:"))  # in flight on the victim
+            futures = [pool.submit(one, i) for i in range(16)]
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            events = [line for line in lines if line.startswith("data:")]
         answers = [f.result() for f in futures]
         whole = [f.result() for f in whole]
     # a whole answer in flight on it is a 503 with an OpenAI-style error
