@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import threading
@@ -24,26 +23,12 @@ from specdec.types import Draft
 # whichever test loads a GGUF first (specdec sets it itself when the first load is exact).
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
-FALLBACK_PROMPTS = {
-    "summarization": "Summarize: The city council met on Monday to discuss the new park. The park will "
-                     "have a playground, a pond and a garden. The council said the park will open in May. "
-                     "Residents said they were happy that the park will have a playground and a garden.",
-    "writing": "Write a short poem about the sea.",
-}
+def spec_bench_prompts(categories: Sequence[str] = ("summarization", "writing")) -> dict[str, str]:
+    """The first prompt of each category of the Spec-Bench set shipped with specdec, cut to 1500
+    characters to keep prefills short."""
+    from specdec.bench.questions import load_questions
 
-
-def spec_bench_prompts(categories=tuple(FALLBACK_PROMPTS)) -> dict[str, str]:
-    """The first Spec-Bench prompt of each category (built-in ones if the data is absent), cut to
-    1500 characters to keep prefills short."""
-    if not QUESTIONS.exists():
-        return {c: FALLBACK_PROMPTS.get(c, FALLBACK_PROMPTS["writing"]) for c in categories}
-    found: dict[str, str] = {}
-    for line in QUESTIONS.read_text().splitlines():
-        q = json.loads(line)
-        if q["category"] in categories and q["category"] not in found:
-            found[q["category"]] = q["turns"][0][:1500]
-    return found
+    return {q.category: q.prompt[:1500] for q in load_questions("spec-bench", list(categories), limit=1)}
 
 
 class ScriptDrafter(Drafter):

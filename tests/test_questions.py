@@ -1,0 +1,165 @@
+"""Prompt sets: the ones shipped with specdec by name (Spec-Bench, HumanEval, HumanEval as edits),
+.jsonl files of either format, and clear errors for the rest."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import Counter
+from importlib import resources
+
+import pytest
+
+from specdec.bench.questions import EDITS, load_questions, prompt_set_names
+from specdec.cli import main
+from specdec.errors import SpecdecError
+
+
+def problems() -> list[dict]:
+    text = resources.files("specdec.data").joinpath("prompts", "humaneval.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_shipped_sets_load_by_name_with_their_licences():
+    assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit"]
+    prompts = resources.files("specdec.data").joinpath("prompts")
+    assert "Apache License" in prompts.joinpath("spec_bench.LICENSE").read_text()
+    assert "MIT License" in prompts.joinpath("humaneval.LICENSE").read_text()
+    spec = load_questions("spec-bench")
+    assert len(spec) == 240
+    counts = Counter(q.category for q in spec)
+    assert len(counts) == 13 and counts["summarization"] == 40 and counts["writing"] == 5
+    assert all(q.prompt.strip() for q in spec)
+    assert len(load_questions("humaneval")) == len(load_questions("humaneval-edit")) == len(problems()) == 82
+
+
+def test_humaneval_asks_to_complete_the_function_in_a_code_block():
+    rows = problems()
+    questions = load_questions("humaneval")
+    assert {q.category for q in questions} == {"humaneval"}
+    assert [q.question_id for q in questions] == [r["task_id"] for r in rows]
+    for q, row in zip(questions, rows):
+        assert q.prompt.startswith("Complete the following Python function:\n```python\n")
+        assert q.prompt.endswith("```")
+        code = q.prompt.split("```python\n", 1)[1][:-3]
+        assert code.strip() == row["prompt"].strip()  # the function to complete, whole and unchanged
+        ast.parse(code)
+
+
+def test_humaneval_edit_gives_the_whole_function_and_one_change_cycling_through_the_edits():
+    rows = problems()
+    questions = load_questions("humaneval-edit")
+    assert {q.category for q in questions} == {"editing"}
+    kinds = [q.question_id.split(":")[1] for q in questions]
+    assert [q.question_id.split(":")[0] for q in questions] == [r["task_id"] for r in rows]
+    assert Counter(kinds).keys() == set(EDITS) and min(Counter(kinds).values()) >= 15
+    for i, (q, row, kind) in enumerate(zip(questions, rows, kinds)):
+        code = re.search(r"```python\n(.*?)```", q.prompt, re.S).group(1)
+        # Most of the answer is this code again: the whole solved function is in the prompt.
+        assert code.strip() == (row["prompt"] + row["canonical_solution"]).strip()
+        func = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef)
+                    and n.name == row["entry_point"])
+        # The cycle's own edit, or the next one when the function admits no such edit.
+        planned = EDITS[i % 3]
+        if kind != planned:
+            assert (planned, kind) == ("hints", "docstring"), (q.question_id, planned)
+            assert all(a.annotation is not None for a in func.args.args) and func.returns is not None
+        if kind == "rename":
+            name = re.search(r"Rename the (?:parameter|variable) `(\w+)` in `(\w+)`", q.prompt)
+            assert name and name.group(2) == row["entry_point"]
+            assert re.search(rf"\b{name.group(1)}\b", code)  # it names something that is there
+        elif kind == "hints":
+            assert f"Add type hints to `{row['entry_point']}` where they are missing" in q.prompt
+            named = re.findall(r"`(\w+)`", q.prompt.split("missing:", 1)[1].split("\n", 1)[0])
+            assert named == [a.arg for a in func.args.args if a.annotation is None]
+            assert ("the return value" in q.prompt) == (func.returns is None)
+        else:
+            assert f"Reword the docstring of `{row['entry_point']}`" in q.prompt
+            assert ast.get_docstring(func)
+    assert [q.prompt for q in load_questions("humaneval-edit")] == [q.prompt for q in questions]  # deterministic
+
+
+def test_a_file_of_either_format_is_read_by_its_fields(tmp_path):
+    row = problems()[3]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Why?", "And then?"]}) + "\n\n"
+                    + json.dumps(row) + "\n")
+    spec, code = load_questions(path)
+    assert (spec.question_id, spec.category, spec.prompt) == (7, "qa", "Why?")
+    assert (code.question_id, code.category) == (row["task_id"], "humaneval")
+    assert row["prompt"].strip() in code.prompt
+    assert load_questions(str(path), ["humaneval"]) == [code]
+
+
+def test_categories_and_limit_select_the_first_questions_of_each_in_file_order():
+    got = load_questions("spec-bench", ["writing", "qa"], limit=2)
+    assert Counter(q.category for q in got) == {"writing": 2, "qa": 2}
+    seen: Counter = Counter()
+    expected = []
+    for q in load_questions("spec-bench"):
+        if q.category in ("writing", "qa") and seen[q.category] < 2:
+            seen[q.category] += 1
+            expected.append(q)
+    assert got == expected
+
+
+@pytest.mark.parametrize("source, message", [
+    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit or a path"),
+    ("missing/q.jsonl", "questions file not found: missing/q.jsonl"),
+    ("q.jsonl", "questions file not found: q.jsonl"),
+])
+def test_unknown_names_and_missing_files_are_told_apart(source, message):
+    with pytest.raises(SpecdecError, match="^" + re.escape(message)):
+        load_questions(source)
+
+
+def test_a_folder_is_refused(tmp_path):
+    with pytest.raises(SpecdecError, match="is a folder: give spec-bench"):
+        load_questions(tmp_path)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"task_id": "X/1", "prompt": "", "entry_point": "f"}, "'prompt' must be a non-empty string"),
+    ({"task_id": "X/1"}, "'prompt'"),
+    ({"id": 1, "text": "hello"}, "a Spec-Bench row has question_id, category and turns"),
+    ([1, 2], "a Spec-Bench row has"),
+])
+def test_rows_of_neither_format_are_refused_with_their_line(tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["ok"]}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(SpecdecError) as err:
+        load_questions(path)
+    assert str(err.value).startswith(f"{path}:2 is not a Spec-Bench question or HumanEval problem")
+    assert message in str(err.value)
+
+
+def test_a_line_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question_id": 1, "category": "a", "turns": ["ok"]}\n{"oops"\n')
+    with pytest.raises(SpecdecError, match=rf"^{re.escape(str(path))}:2 is not a JSON line"):
+        load_questions(path)
+
+
+def test_no_question_in_the_categories_names_the_ones_there():
+    with pytest.raises(SpecdecError, match=r"^no questions in categories coding in humaneval \(it has humaneval\)$"):
+        load_questions("humaneval", ["coding"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--questions", "humaneval-edits"], "error: unknown prompt set 'humaneval-edits'"),
+    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit or FILE.jsonl)"),
+])
+def test_bench_refuses_a_bad_set_in_one_line_before_loading(capsys, tmp_path, tiny_model_dir, no_loading, argv,
+                                                             message):
+    code = main(["bench", "--model", str(tiny_model_dir), "--methods", "plain", "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert no_loading == []
+    assert code == 2 and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_bench_help_lists_the_sets(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "spec-bench, humaneval, humaneval-edit" in out
