@@ -47,6 +47,11 @@ def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, q
         assert r["overall"]["speedup"] > 0
     assert results["methods"]["plain"]["overall"]["speedup"] == 1.0
     assert results["methods"]["plain"]["overall"]["mean_accepted_length"] == 1.0
+    for name in ("ngram", "ngram:k=2:policy=fixed", "hf-lookup"):  # how the questions' speed-ups scatter
+        for stats in [results["methods"][name]["overall"], *results["methods"][name]["categories"].values()]:
+            low, high = stats["speedup_spread"]
+            assert 0 < low <= high and isinstance(stats["within_noise"], bool)
+    assert "speedup_spread" not in results["methods"]["plain"]["overall"]  # no spread against itself
     # the peers' target forwards are counted too (a forward hook), so their accepted length shows
     assert results["methods"]["hf-plain"]["overall"]["mean_accepted_length"] == 1.0
     assert results["methods"]["hf-lookup"]["overall"]["mean_accepted_length"] >= 1.0
@@ -138,6 +143,38 @@ def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
     assert div["question_id"] == 2 and div["position"] == 1
     assert div["top2_margin"] == pytest.approx(float(logits[0] - logits[1]), abs=1e-4)
 
+
+
+def test_the_spread_of_per_question_speedups_marks_noise_in_results_and_table():
+    from rich.console import Console
+
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import BenchRun, summarize
+    from specdec.commands.bench import results_table
+
+    class Fixed(Method):
+        def __init__(self, name):
+            self.name, self.family = name, "ours"
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            raise AssertionError("not run here")
+
+    methods = [Fixed("plain"), Fixed("ngram"), Fixed("recycle")]
+    qs = [Question(i, "a", "x") for i in range(4)]
+    bench = BenchRun(qs, [[1]] * 4, methods, greedy=False)
+    bench.runs = {"plain": [RunResult([1], 1.0)] * 4,
+                  "ngram": [RunResult([1], w) for w in (0.5, 0.5, 0.4, 0.5)],  # 2x or more on every question
+                  "recycle": [RunResult([1], w) for w in (0.5, 2.0, 0.5, 2.0)]}  # 2x on half, 0.5x on the rest
+    summary = summarize(bench, None)
+    ngram, recycle = summary["ngram"]["overall"], summary["recycle"]["overall"]
+    assert ngram["speedup_spread"] == [2.0, 2.125] and ngram["within_noise"] is False
+    assert recycle["speedup_spread"] == [0.5, 2.0] and recycle["within_noise"] is True
+    console = Console(width=200, record=True)
+    console.print(results_table(summary))
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if line.split()[1:2] == ["a"]}
+    cells = rows["a"].split("│")  # category, plain, ngram, recycle
+    assert "~" not in cells[2] + cells[3] and "~" in cells[4]
 
 
 def run_refused(capsys, tiny_model_dir, questions, *argv) -> tuple[int, list[str]]:

@@ -77,15 +77,90 @@ def test_compare_reports_speedup_and_identity(capsys, tiny_model_dir):
     assert code == 0, err
     result = json.loads(out)
     assert result["baseline"]["token_ids"] == result["token_ids"]
-    assert result["speedup"] > 0
+    assert result["speedup"] > 0 and result["repeats"] == 3
+    assert len(result["timings"]["plain_s"]) == len(result["timings"]["speculative_s"]) == 3
+    low, high = result["speedup_spread"]
+    assert low <= result["speedup"] <= high and isinstance(result["within_noise"], bool)
+    stats, base = result["stats"], result["baseline"]["stats"]
+    assert result["speedup_ceiling"] == pytest.approx(
+        (stats["new_tokens"] / stats["target_forwards"]) / (base["new_tokens"] / base["target_forwards"]), abs=1e-3)
 
 
 def test_human_output_prints_text_and_metrics(capsys, tiny_model_dir):
     code, out, err = run_cli(capsys, "generate", "the lazy dog", "--model", str(tiny_model_dir),
-                             "--max-new-tokens", "8", "--compare")
+                             "--max-new-tokens", "8", "--compare", "--repeats", "2")
     assert code == 0, err
-    assert "speed-up over plain decoding" in out + err
+    assert "speed-up over plain decoding" in err and "over 2 pairs" in err
+    assert "target forwards: " in err and " speculative vs " in err and "accepted" in err
     assert "mean accepted length" in out + err
+
+
+def test_compare_never_claims_a_speedup_for_a_run_that_drafts_nothing(capsys, tiny_model_dir):
+    """Plain against plain (the none drafter on both sides): the same work, so any speed-up the
+    clock shows is noise, and the report must say so whatever the clock read."""
+    for _ in range(2):
+        code, out, err = run_cli(capsys, "generate", "the quick brown fox jumps", "--model", str(tiny_model_dir),
+                                 "--drafter", "none", "--max-new-tokens", "24", "--compare", "--repeats", "3",
+                                 "--json")
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["stats"]["accepted"] == 0
+        assert result["stats"]["target_forwards"] == result["baseline"]["stats"]["target_forwards"]
+        assert result["speedup_ceiling"] == 1.0
+        assert result["verdict"] != "faster", result
+
+
+def test_compare_alternates_the_order_and_calls_an_unexplained_speedup_noise(capsys, monkeypatch, tiny_model_dir):
+    """The demo's report, replayed with a clock under our control: plain runs that read 1.3 s and
+    speculative ones 1.0 s, with no fewer target forwards, are 'more than the counters allow'."""
+    import types
+
+    import specdec.commands.generate as generate
+
+    # Each timed run reads the clock twice; the order is plain, spec, spec, plain, plain, spec.
+    readings = iter([0.0, 1.3, 0.0, 1.0, 0.0, 1.0, 0.0, 1.3, 0.0, 1.3, 0.0, 1.0])
+    monkeypatch.setattr(generate, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    code, out, err = run_cli(capsys, "generate", "the quick brown fox jumps", "--model", str(tiny_model_dir),
+                             "--drafter", "none", "--max-new-tokens", "12", "--compare")
+    assert code == 0, err
+    assert "speed-up over plain decoding: 1.30x (1.30-1.30 over 3 pairs), more than the 1.00x its target " \
+           "forwards allow: run-to-run noise" in " ".join(err.split())
+    assert next(readings, None) is None  # exactly three pairs were timed
+
+
+def test_compare_runs_start_from_the_same_memory_and_leave_one_runs_worth(capsys, tmp_path, tiny_model_dir):
+    """A speculative run adds its output to the n-gram memory; a second timed run must not draft
+    from the first one's answer, and the memory saved holds the answer once."""
+    args = ["generate", "the quick brown fox jumps over", "--model", str(tiny_model_dir), "--max-new-tokens", "16"]
+    assert run_cli(capsys, *args, "--memory", str(tmp_path / "once.json"))[0] == 0
+    code, out, err = run_cli(capsys, *args, "--memory", str(tmp_path / "compared.json"), "--compare", "--json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "compared.json").read_text()) == json.loads((tmp_path / "once.json").read_text())
+
+
+def test_compare_with_a_trace_and_sampling_times_untraced_runs_of_one_seed(capsys, tmp_path, tiny_model_dir):
+    """The trace records one run with its probabilities; the timed runs carry no trace, and with
+    sampling and no seed they all draw one seed, so plain and speculative produce the same text."""
+    trace = tmp_path / "t.json"
+    code, out, err = run_cli(capsys, "generate", "the quick brown fox jumps", "--model", str(tiny_model_dir),
+                             "--temperature", "0.9", "--max-new-tokens", "12", "--compare", "--repeats", "1",
+                             "--trace", str(trace), "--json")
+    assert code == 0, err
+    result, doc = json.loads(out), json.loads(trace.read_text())
+    assert result["token_ids"] == result["baseline"]["token_ids"] == doc["token_ids"]
+    assert result["seed"] == doc["seed"]
+    assert doc["measured_speedup"] == result["speedup"] and result["repeats"] == 1
+    assert len(doc["steps"]) == doc["stats"]["target_forwards"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "3"], "--repeats sets how many pairs of runs --compare times: add --compare"),
+    (["--compare", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+])
+def test_repeats_is_checked_before_the_model_loads(capsys, no_loading, tiny_model_dir, argv, message):
+    code, out, err = run_cli(capsys, "generate", "hi", "--model", str(tiny_model_dir), *argv)
+    assert no_loading == [] and code == 2
+    assert err.strip() == f"error: {message}"
 
 
 def test_chat_template_is_applied(capsys, tiny_model_dir):

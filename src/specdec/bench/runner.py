@@ -12,6 +12,7 @@ import torch
 from specdec.api import Model
 from specdec.bench.methods import Method, RunResult
 from specdec.bench.questions import Question
+from specdec.compare import spread
 from specdec.context import Learned
 from specdec.costs import CostModel
 from specdec.stats import GenerationStats
@@ -144,6 +145,11 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
         # Wall-time ratio over the same questions: equals the tokens/s ratio whenever outputs are
         # identical, and still says "how much sooner did I get my answers" when they are not.
         stats["speedup"] = round(base_wall / wall, 3) if wall else None
+        if method.name != method.baseline and stats["speedup"] is not None:
+            # How far the questions' own speed-ups scatter: an overall 1.03x whose middle half spans
+            # 1.0 is noise, not a gain.
+            ratios = [base[i].wall_s / runs[i].wall_s for i in idx if i < len(runs) and runs[i].wall_s > 0]
+            stats.update(spread(ratios, stats["speedup"]))
         if bench.greedy:
             diff = next((i for i in idx if i < len(runs) and runs[i].token_ids != base[i].token_ids), None)
             stats["identical"] = diff is None

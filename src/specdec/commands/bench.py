@@ -178,9 +178,14 @@ def results_table(methods: dict, overall_only: bool = False) -> Table:
                 continue
             sp = "-" if s["speedup"] is None else f"{s['speedup']:.2f}x"
             mark = "" if s["identical"] in (None, True) else "*"
-            cells.append(f"{sp}{mark} ({s['tokens_per_s']:.1f})")
+            noise = "~" if s.get("within_noise") else ""
+            cells.append(f"{sp}{mark}{noise} ({s['tokens_per_s']:.1f})")
         table.add_row(cat, *cells, style="bold" if cat == "overall" else None)
-    table.caption = "* = greedy output not token-identical to the baseline (see results.json)"
+    from specdec.compare import MIN_EFFECT
+
+    table.caption = ("* = greedy output not token-identical to the baseline (see results.json); ~ = within "
+                     "run-to-run noise: the middle half of the per-question speed-ups (speedup_spread) "
+                     f"includes 1.00x, or the speed-up is within {MIN_EFFECT:.0%} of it")
     return table
 
 

@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specdec.commands.common import (add_generation_options, add_model_options, check_context, generation_options,
-                                     load_options, quiet_libraries)
+from specdec.commands.common import (add_generation_options, add_model_options, check_context, check_positive,
+                                     generation_options, load_options, quiet_libraries)
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
+    from specdec.api import Output
+    from specdec.compare import Comparison
     from specdec.models import ResolvedModel
 
 NAME = "generate"
 ORDER = 0
+COMPARE_PAIRS = 3  # 6 timed runs: the demo's 160 tokens take about 20 s on SmolLM2 here
 
 
 def add_parser(sub) -> None:
@@ -28,7 +34,11 @@ def add_parser(sub) -> None:
     add_generation_options(gen, max_new_tokens=128)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--compare", action="store_true",
-                     help="also run plain decoding and report the speed-up (and whether the tokens match)")
+                     help="also run plain decoding and report the speed-up with its spread, the counters that "
+                          "explain it and whether the tokens match: after a warm-up of each, plain and "
+                          "speculative runs alternate over --repeats pairs, each from a cold prompt cache")
+    gen.add_argument("--repeats", type=int, default=None, metavar="R",
+                     help=f"with --compare: pairs of timed runs (default {COMPARE_PAIRS})")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.add_argument("--live", action="store_true",
                      help="watch the generation in the terminal (stderr): tokens coloured by fate (accepted, "
@@ -44,6 +54,9 @@ def check_args(args: argparse.Namespace) -> None:
 
     check_prompt(args.prompt)
     args.options = generation_options(args)
+    if args.repeats is not None and not args.compare:
+        raise SpecdecError("--repeats sets how many pairs of runs --compare times: add --compare")
+    check_positive(args.repeats, "--repeats")
     if args.trace:
         from specdec.trace import check_path
 
@@ -84,17 +97,23 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         model.enable_memory(args.memory)
     options = args.options
+    if args.compare and not options.greedy and options.seed is None:
+        from specdec.sampling import random_seed
+
+        # One seed for every run: each draws the same text, so the runs compared did the same work.
+        options = options.with_(seed=random_seed())
     kwargs = dict(options=options, draft_model=draft_model, chat=args.chat)
     prompt_ids = model.encode(args.prompt, chat=args.chat)
-    baseline = None
-    if args.compare:
-        model.generate(prompt_ids, **{**kwargs, "options": options.with_(max_new_tokens=2, drafter="none")})  # warm-up
-        baseline = model.generate(prompt_ids, **{**kwargs, "options": options.with_(drafter="none")})
-    records = None
+    reset = start_state(model, draft_model, args.memory) if args.compare else None
+    out = records = None
     if args.live:
         out, records = watched(model, draft_model, prompt_ids, kwargs)
-    else:
+    elif args.trace or not args.compare:
         out = model.generate(prompt_ids, **kwargs, trace=bool(args.trace))
+    measured = None
+    if args.compare:
+        # Timed runs carry no trace (recording p and q costs time) and no live view.
+        measured = measure(model, prompt_ids, kwargs, args.repeats or COMPARE_PAIRS, reset)
     if args.memory:
         model.memory.save(args.memory)
     if args.trace:
@@ -105,22 +124,28 @@ def run(args: argparse.Namespace) -> int:
                                            "verify", "tree", "max_new_tokens")}
         doc = document(out, model, settings=settings, draft_model=draft_model, plain_step_s=plain_step_s(model),
                        records=records)
-        if baseline is not None:
-            doc["measured_speedup"] = speedup(out, baseline)
+        if measured is not None:
+            doc["measured_speedup"] = round(measured.comparison.speedup, 3)
         save(doc, args.trace)
+    shown = out
+    baseline = None
+    if measured is not None:
+        # The stats shown are the timed runs' (the median of each method), never a traced run's.
+        out, baseline = measured.spec, measured.plain
     if args.json:
         result = out.to_dict()
-        if baseline is not None:
+        if measured is not None:
             result["baseline"] = {"token_ids": baseline.token_ids, "stats": baseline.stats.to_dict()}
-            result["speedup"] = speedup(out, baseline)
+            result.update(measured.to_dict())
         print(json.dumps(result, ensure_ascii=False))
         return 0
     from specdec.report import print_generation
 
     # The live view already showed the text on a terminal; a pipe or a file still gets exactly the text.
     if not (args.live and sys.stdout.isatty()):
-        write_text(out.text)
-    print_generation(out, baseline, drafter=options.drafter, greedy=options.greedy)
+        write_text((shown or out).text)
+    print_generation(out, baseline, drafter=options.drafter, greedy=options.greedy,
+                     comparison=None if measured is None else measured.comparison)
     if args.trace:
         print(f"trace written to {args.trace}", file=sys.stderr)
     return 0
@@ -159,5 +184,72 @@ def write_text(text: str) -> None:
     sys.stdout.flush()
 
 
-def speedup(out, baseline) -> float:
-    return round(baseline.stats.wall_s / out.stats.wall_s, 3) if out.stats.wall_s > 0 else 0.0
+@dataclass
+class Measured:
+    """Plain and speculative decoding timed in alternating pairs (``--compare``)."""
+
+    spec: Output  # the speculative run of median time
+    plain: Output  # the plain run of median time
+    spec_s: list[float]  # wall time of each timed run, pair by pair
+    plain_s: list[float]
+    comparison: Comparison
+
+    def to_dict(self) -> dict:
+        """``speedup``, ``speedup_spread``, ``within_noise``, ``verdict``, ``repeats``,
+        ``speedup_ceiling`` and the timings they come from."""
+        return {**self.comparison.to_dict(), "timings": {"plain_s": [round(t, 4) for t in self.plain_s],
+                                                         "speculative_s": [round(t, 4) for t in self.spec_s]}}
+
+
+def start_state(model, draft_model, memory: str | None) -> Callable[[], None]:
+    """A function that puts the models back in the state they are in now, before a timed run.
+
+    Every run then starts alike: no cached prompt (cold, as a fresh process), no acceptance
+    statistics or recycled tables learned from an earlier run of this very prompt (a second pass
+    would draft its own answer), and the n-gram memory as the file left it (a drafter adds its
+    output to the memory when it finishes)."""
+    from specdec.bench.runner import snapshot
+
+    models = [m for m in (model, draft_model) if m is not None]
+    learned = [snapshot(m.learned) for m in models]
+
+    def reset() -> None:
+        for m, state in zip(models, learned):
+            m.learned = snapshot(state)
+            m.forget_prompts()
+        if memory:
+            model.enable_memory(memory)
+
+    return reset
+
+
+def measure(model, prompt_ids: list[int], kwargs: dict, pairs: int, reset: Callable[[], None]) -> Measured:
+    """Time plain and speculative decoding on the same prompt: one short warm-up of each (kernels,
+    graph shapes, a first cost measurement), then ``pairs`` pairs in alternating order (plain,
+    speculative; speculative, plain; ...) so that drift and run order weigh on both alike, each run
+    from :func:`start_state`'s state."""
+    from specdec.compare import compare, forward_ceiling
+
+    spec_options = kwargs["options"]
+    plain_options = spec_options.with_(drafter="none")
+    for opts in (plain_options, spec_options):
+        reset()
+        model.generate(prompt_ids, **{**kwargs, "options": opts.with_(max_new_tokens=min(8, opts.max_new_tokens))})
+    runs: dict[str, list[tuple[Output, float]]] = {"plain": [], "spec": []}
+    for i in range(pairs):
+        for which in (("plain", "spec") if i % 2 == 0 else ("spec", "plain")):
+            reset()
+            opts = plain_options if which == "plain" else spec_options
+            t0 = time.perf_counter()
+            out = model.generate(prompt_ids, **{**kwargs, "options": opts})
+            runs[which].append((out, time.perf_counter() - t0))
+    plain_s, spec_s = [t for _, t in runs["plain"]], [t for _, t in runs["spec"]]
+    plain, spec = _median_run(runs["plain"]), _median_run(runs["spec"])
+    ceiling = forward_ceiling(plain.stats.new_tokens, plain.stats.target_forwards,
+                              spec.stats.new_tokens, spec.stats.target_forwards)
+    return Measured(spec, plain, spec_s, plain_s, compare(plain_s, spec_s, ceiling))
+
+
+def _median_run(runs: list[tuple[Output, float]]) -> Output:
+    ranked = sorted(runs, key=lambda r: r[1])
+    return ranked[(len(ranked) - 1) // 2][0]
