@@ -29,6 +29,9 @@ from specdec.errors import SpecdecError
 
 @dataclass(frozen=True)
 class Question:
+    """One prompt of a set: its id, its category and the text sent (through the model's chat
+    template when it has one)."""
+
     question_id: int | str
     category: str
     prompt: str
