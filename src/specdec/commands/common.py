@@ -45,6 +45,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                              "--no-exact runs its fastest kernels)")
 
 
+def resolve_model(name: str, backend: str) -> ResolvedModel:
+    """``name``'s files as ``backend`` needs them (fetched if needed): the llama.cpp backend reads
+    the GGUF and a tokenizer folder taken from it, never the safetensors conversion."""
+    from specdec.models import needs_weights_folder, resolve
+
+    return resolve(name, need_hf=needs_weights_folder(backend))
+
+
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of :func:`specdec.load` that the model options chose."""
     return dict(dtype=args.dtype, backend=args.backend, exact=args.exact)
@@ -85,8 +93,17 @@ def generation_options(args: argparse.Namespace):
     entry = DRAFTERS.get(chosen.drafter)
     draft_model = getattr(args, "draft_model", None)
     if entry.needs_draft_model and not draft_model:
-        raise SpecdecError(f"--drafter {chosen.drafter} needs --draft-model")
-    if draft_model and not entry.needs_draft_model:
+        from specdec.models import default_draft_model
+
+        model = getattr(args, "model", None)
+        default = default_draft_model(model) if model else None
+        if default is None:
+            raise SpecdecError(f"--drafter {chosen.drafter} needs --draft-model "
+                               f"({model or 'the model'} names no default draft model)")
+        # From here on the alias's default is what --draft-model would have said: the commands
+        # check, load and name it as if it had been given.
+        args.draft_model = draft_model = default
+    elif draft_model and not entry.needs_draft_model:
         raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
                            f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
     if args.dtype not in BACKENDS.get(args.backend).dtypes:
@@ -105,16 +122,17 @@ def check_context(resolved: ResolvedModel, max_new_tokens: int) -> None:
     Loading the weights takes seconds and the engine would refuse the request anyway (every prompt
     has at least one token); prompts that are merely too long are caught there.
     """
-    limit = context_length(resolved.hf_dir)
+    limit = context_length(resolved.tokenizer_dir)
     if limit is not None and max_new_tokens >= limit:
         raise SpecdecError(f"--max-new-tokens {max_new_tokens} does not fit the context of {resolved.name} "
                            f"({limit} tokens, prompt included): ask for at most {limit - 1}")
 
 
-def context_length(hf_dir: Path) -> int | None:
-    """``max_position_embeddings`` from a transformers folder's config.json (None if not stated)."""
+def context_length(folder: Path) -> int | None:
+    """``max_position_embeddings`` from a transformers (or tokenizer) folder's config.json (None if
+    not stated)."""
     try:
-        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         config = None
     if not isinstance(config, dict):

@@ -64,15 +64,17 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def check_model_files(args: argparse.Namespace) -> None:
-    """Checks that need the models' files (fetched and converted if needed) but not their weights."""
-    from specdec.models import resolve
+    """Checks that need the models' files (fetched, and converted if the backend needs it) but not
+    their weights. ``args.draft_model`` is the alias's default draft model when none was given."""
+    from specdec.commands.common import resolve_model
 
-    resolved = resolve(args.model)
+    resolved = resolve_model(args.model, args.backend)
     if args.chat and not resolved.has_chat_template:
         raise SpecdecError(f"model {args.model} has no chat template (it is a base model): drop --chat")
     check_context(resolved, args.max_new_tokens)
     if args.draft_model:
-        draft = resolve(args.draft_model)  # an unknown draft model fails before the target loads
+        # An unknown draft model fails here, before the target loads.
+        draft = resolve_model(args.draft_model, args.backend)
         check_draft_vocabulary(args.options.drafter, draft, resolved)
 
 
@@ -82,7 +84,7 @@ def check_draft_vocabulary(drafter: str, draft: ResolvedModel, target: ResolvedM
 
     if DRAFTERS.get(drafter).same_vocabulary:
         quiet_libraries()  # the comparison may load the two tokenizers
-        if vocabularies_differ(draft.hf_dir, target.hf_dir):
+        if vocabularies_differ(draft.tokenizer_dir, target.tokenizer_dir):
             raise SpecdecError(different_vocabularies(draft.name, target.name))
 
 

@@ -118,12 +118,12 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     if args.ray:
         return run_ray(args)
+    from specdec.commands.common import resolve_model
     from specdec.commands.generate import check_draft_vocabulary
-    from specdec.models import resolve
 
-    resolved = resolve(args.model)
-    if args.draft_model:
-        check_draft_vocabulary(args.options.drafter, resolve(args.draft_model), resolved)
+    resolved = resolve_model(args.model, args.backend)
+    if args.draft_model:  # given, or the alias's default when the default drafter runs a model
+        check_draft_vocabulary(args.options.drafter, resolve_model(args.draft_model, args.backend), resolved)
     from specdec.api import load
     from specdec.server.app import Server, serve_forever
 
@@ -150,10 +150,10 @@ def run_ray(args: argparse.Namespace) -> int:
     """Deploy the app on Ray Serve (a local instance, or the cluster at --address) and wait."""
     import time
 
-    from specdec.models import resolve
+    from specdec.commands.common import resolve_model
     from specdec.server.ray_app import ModelSpec, deployments, ray_modules
 
-    resolve(args.model)  # an unknown alias fails here, not in every replica
+    resolve_model(args.model, args.backend)  # an unknown alias fails here, not in every replica
     ray, serve = ray_modules()
     spec = ModelSpec(model=args.model, load=load_options(args), draft_model=args.draft_model, memory=args.memory,
                      config=serve_config(args))

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.models import resolve
 
     check_positive(args.limit, "--limit")
-    target, draft = resolve(args.model), resolve(args.draft_model)
+    # Only the tokenizers are compared: a GGUF's are read from it, no weights are converted.
+    target, draft = resolve(args.model, need_hf=False), resolve(args.draft_model, need_hf=False)
     texts = SAMPLES + (_questions(args.questions, args.limit) if args.questions else [])
     quiet_libraries()
     report = vocab_report(target, draft, texts)
@@ -78,11 +79,11 @@ def vocab_report(target, draft, texts: list[str]) -> dict:
     codecs = []
     for model in (target, draft):
         try:
-            tok = AutoTokenizer.from_pretrained(model.hf_dir)
+            tok = AutoTokenizer.from_pretrained(model.tokenizer_dir)
         except (OSError, ValueError) as exc:
             raise SpecdecError(f"cannot load the tokenizer of {model.name}: {exc}") from exc
         codecs.append(TextCodec(tok, model.name))
-    sizes = [_logit_width(m.hf_dir, c.tokenizer) for m, c in zip((target, draft), codecs)]
+    sizes = [_logit_width(m.tokenizer_dir, c.tokenizer) for m, c in zip((target, draft), codecs)]
     bridge = VocabBridge(codecs[0], codecs[1], sizes[0], sizes[1])
     trips = [bridge.round_trip(t) for t in texts]
     target_tokens = sum(len(codecs[0].tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
@@ -107,8 +108,9 @@ def shared_mass(target: str, draft, texts: list[str]) -> float:
     from specdec.text import TextCodec
 
     model = load(target)
-    other = TextCodec(AutoTokenizer.from_pretrained(draft.hf_dir), draft.name)
-    bridge = VocabBridge(model.codec, other, model.logit_width, _logit_width(draft.hf_dir, other.tokenizer))
+    other = TextCodec(AutoTokenizer.from_pretrained(draft.tokenizer_dir), draft.name)
+    bridge = VocabBridge(model.codec, other, model.logit_width,
+                         _logit_width(draft.tokenizer_dir, other.tokenizer))
     masses = []
     with model.pool.lease() as backend:
         for text in texts:
@@ -118,9 +120,9 @@ def shared_mass(target: str, draft, texts: list[str]) -> float:
     return round(float(torch.cat(masses).mean()), 4)
 
 
-def _logit_width(hf_dir, tokenizer) -> int:
+def _logit_width(folder, tokenizer) -> int:
     try:
-        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         config = config.get("text_config", config) if "vocab_size" not in config else config
         return max(int(config["vocab_size"]), len(tokenizer))
     except (OSError, ValueError, KeyError, TypeError):
