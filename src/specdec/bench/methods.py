@@ -224,11 +224,16 @@ class MethodFactory:
         raise _unknown(spec)
 
     def _ours(self, spec: str) -> Method:
-        options, alias = our_options(spec, self.options)
+        options, alias = our_options(spec, self.options)  # the loaded model knows its default draft model
         draft_model = None
         if alias is not None:
             draft_model = self._once(("ours", alias), lambda: load(alias, dtype=self.dtype,
                                                                    backend=self.backend, exact=self.model.exact))
+        elif DRAFTERS.get(options.drafter).needs_draft_model:  # no ALIAS: the target's default draft model
+            draft_model = self.model.default_draft_model()
+            if draft_model is None:
+                raise SpecdecError(f"method {spec!r}: write {options.drafter}:ALIAS ({self.model.name} names no "
+                                   "default draft model)")
         return OurMethod(spec, self.model, options, draft_model)
 
     def _hf(self, spec, head, args, pairs) -> Method:
@@ -298,15 +303,20 @@ class MethodFactory:
         return self._cache[key]
 
 
-def our_options(spec: str, base: GenerationOptions) -> tuple[GenerationOptions, str | None]:
+def our_options(spec: str, base: GenerationOptions,
+                target: str | None = None) -> tuple[GenerationOptions, str | None]:
     """The validated options one of our method strings chose over ``base``, and its draft model's
-    alias (None for drafters without a model). Mistakes read ``method 'SPEC': ...``."""
+    alias (None for drafters without a model, or when the target's default draft model is meant:
+    refused here when ``target`` is known to have none). Mistakes read ``method 'SPEC': ...``."""
+    from specdec.models import default_draft_model
+
     head, args, pairs = _split(spec)
     entry = DRAFTERS.get("none" if head == "plain" else head)
     switches = {o.bench_key or o.name: o for o in _spec_options() if o.type is bool}
     words = [a for a in args if a not in switches]
     values = {a: "true" for a in args if a in switches} | pairs
-    if len(words) != int(entry.needs_draft_model):
+    if len(words) > int(entry.needs_draft_model) or (
+            entry.needs_draft_model and not words and target is not None and default_draft_model(target) is None):
         raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model
                            else f"method {spec!r}: {entry.name} takes no model")
     try:
@@ -318,12 +328,13 @@ def our_options(spec: str, base: GenerationOptions) -> tuple[GenerationOptions, 
     return options, (words[0] if words else None)
 
 
-def check_specs(specs: list[str], backend: str, base: GenerationOptions) -> None:
-    """Refuse malformed methods, and peers of the other backend, before any model is loaded."""
+def check_specs(specs: list[str], backend: str, base: GenerationOptions, model: str | None = None) -> None:
+    """Refuse malformed methods, and peers of the other backend, before any model is loaded
+    (with ``model``, also a drafter without ``:ALIAS`` on a target with no default draft model)."""
     for spec in specs:
         head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
-            our_options(spec, base)
+            our_options(spec, base, model)
         elif head in PEERS:
             if head.startswith("vllm-"):
                 from specdec.bench import vllm_peer as vllm
