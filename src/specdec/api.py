@@ -87,12 +87,14 @@ def load(name: str = DEFAULT_MODEL, *, dtype: str = "float32", backend: str = "t
 
 
 def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
+
+    from specdec.models import load_tokenizer
 
     folder = resolved.tokenizer_dir  # the transformers folder, or the one read from a GGUF
     try:
         with no_progress_bars():
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = load_tokenizer(folder)
             try:
                 gen_config = GenerationConfig.from_pretrained(folder)
             except OSError:

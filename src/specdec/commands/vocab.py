@@ -71,15 +71,14 @@ def run(args: argparse.Namespace) -> int:
 
 def vocab_report(target, draft, texts: list[str]) -> dict:
     """The numbers ``specdec vocab`` prints, from the two models' tokenizers alone."""
-    from transformers import AutoTokenizer
-
+    from specdec.models import load_tokenizer
     from specdec.text import TextCodec
     from specdec.vocab import VocabBridge
 
     codecs = []
     for model in (target, draft):
         try:
-            tok = AutoTokenizer.from_pretrained(model.tokenizer_dir)
+            tok = load_tokenizer(model.tokenizer_dir)
         except (OSError, ValueError) as exc:
             raise SpecdecError(f"cannot load the tokenizer of {model.name}: {exc}") from exc
         codecs.append(TextCodec(tok, model.name))
@@ -103,12 +102,11 @@ def shared_mass(target: str, draft, texts: list[str]) -> float:
     from specdec.api import load
     from specdec.vocab import VocabBridge
 
-    from transformers import AutoTokenizer
-
+    from specdec.models import load_tokenizer
     from specdec.text import TextCodec
 
     model = load(target)
-    other = TextCodec(AutoTokenizer.from_pretrained(draft.tokenizer_dir), draft.name)
+    other = TextCodec(load_tokenizer(draft.tokenizer_dir), draft.name)
     bridge = VocabBridge(model.codec, other, model.logit_width,
                          _logit_width(draft.tokenizer_dir, other.tokenizer))
     masses = []
