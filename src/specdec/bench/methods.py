@@ -166,8 +166,11 @@ class LlamaMethod(Method):
             self.llama.set_seed(seed)
         out: list[int] = []
         t0 = time.perf_counter()
-        for tok in self.llama.generate(prompt_ids, temp=s.temperature, top_k=s.top_k if s.top_k else 40,
-                                       top_p=s.top_p, repeat_penalty=1.0, reset=True):
+        # Our sampling, like for like: top_k 0 is no top-k cut (llama.cpp skips k <= 0) and no min-p
+        # (its default 0.05 would cut the tail). Its chain applies top-p before the temperature, ours
+        # after: the same only when top_p is 1 or the temperature 1.
+        for tok in self.llama.generate(prompt_ids, temp=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                       min_p=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(tok))
             if tok in self.eos or len(out) >= max_new_tokens:
                 break
