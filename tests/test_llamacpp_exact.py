@@ -165,10 +165,13 @@ def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
 
 def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
     """A draft model with the target's own weights and exact kernels proposes exactly the target's
-    tokens: everything drafted is accepted (with fast kernels a near-tie could reject one)."""
+    tokens: everything drafted is accepted (with fast kernels a near-tie could reject one). The
+    drafter fills its prompt as the target does (Gemma's prompts run on repacked weights): filled
+    one extend at a time instead, it rejected a token on 5 of 9 Spec-Bench prompts on AVX2."""
     drafter = specdec.load(model.name, backend="llamacpp")
-    out = model.generate(prompt_ids[0], drafter="model", draft_model=drafter, policy="fixed", num_draft=3,
-                         max_new_tokens=24)
-    plain = model.generate(prompt_ids[0], drafter="none", max_new_tokens=24)
-    assert out.token_ids == plain.token_ids
-    assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted
+    for ids in prompt_ids:
+        out = model.generate(ids, drafter="model", draft_model=drafter, policy="fixed", num_draft=3,
+                             max_new_tokens=24)
+        plain = model.generate(ids, drafter="none", max_new_tokens=24)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted

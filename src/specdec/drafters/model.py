@@ -109,6 +109,13 @@ class ModelDrafter(Drafter):
         """Bring the cache to ``tokens`` (reusing the common prefix); the logits after them."""
         keep = _common_prefix(self.cached, tokens, limit=len(tokens) - 1)
         self.backend.truncate(keep)
+        if keep == 0 and len(tokens) > 1:
+            # The prompt goes in as the target's does (prefill, then the last token): a backend may
+            # fill a prompt on other kernels than it decodes with, and a draft model with the
+            # target's own weights must then hold the target's cache bit for bit, or a near-tie
+            # drafts another token than the target will choose.
+            self.backend.prefill(tokens[:-1])
+            keep = len(tokens) - 1
         logits = self.backend.extend(tokens[keep:], last_only=True)[-1]
         self.cached = list(tokens)
         return logits
