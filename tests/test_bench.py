@@ -389,3 +389,54 @@ def test_a_benchmarks_totals_are_its_runs_steps_counted_once(tiny):
     report = total.bench_dict()
     assert report["mean_accepted_length"] == round(total.new_tokens / total.target_forwards, 3)
     assert report["alpha"] == round(total.accepted / (total.accepted + total.rejecting_steps), 4)
+
+
+def test_generation_rate_after_the_prompt_and_its_ratio_to_the_baseline():
+    """gen_tokens_per_s sums each run's tokens and seconds after the prompt (RunResult.gen_s), next to
+    the wall-time tokens_per_s; gen_speedup is its ratio to the family's plain method's."""
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import BenchRun, summarize
+
+    class Named(Method):
+        def __init__(self, name, family):
+            self.name, self.family = name, family
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            raise AssertionError("not run")
+
+    plain, server, spec, hf = (Named("plain", "ours"), Named("llama-server-plain", "llama-server"),
+                               Named("llama-server-ngram-mod", "llama-server"), Named("hf-plain", "hf"))
+    qs = [Question(1, "a", "x"), Question(2, "a", "y")]
+    bench = BenchRun(qs, [[1], [2]], [plain, server, spec, hf], greedy=True, runs={
+        # ours: every new token over wall - prefill
+        "plain": [RunResult([1] * 10, 2.0, gen_s=1.0), RunResult([1] * 10, 2.0, gen_s=1.5)],
+        # llama.cpp: the tokens after the first over its predicted_ms
+        "llama-server-plain": [RunResult([1] * 10, 2.0, gen_s=0.9, gen_tokens=9),
+                               RunResult([1] * 10, 2.0, gen_s=0.9, gen_tokens=9)],
+        "llama-server-ngram-mod": [RunResult([1] * 10, 1.5, gen_s=0.45, gen_tokens=9, peer_forwards=6,
+                                             peer_drafted=8, peer_accepted=4),
+                                   RunResult([1] * 10, 1.5, gen_s=0.45, gen_tokens=9, peer_forwards=10)],
+        "hf-plain": [RunResult([1] * 10, 2.0), RunResult([1] * 10, 2.0)],  # no generation time known
+    })
+    got = {name: r["overall"] for name, r in summarize(bench, None, divergences=False).items()}
+    assert got["plain"]["gen_tokens_per_s"] == 8.0 and got["plain"]["gen_speedup"] == 1.0
+    assert got["llama-server-plain"]["gen_tokens_per_s"] == 10.0
+    assert got["llama-server-plain"]["tokens_per_s"] == 5.0
+    assert got["llama-server-ngram-mod"]["gen_tokens_per_s"] == 20.0
+    assert got["llama-server-ngram-mod"]["gen_speedup"] == 2.0
+    assert got["llama-server-ngram-mod"]["speedup"] == 1.333
+    # its own counters: 20 tokens in 16 forwards, 4 of 8 drafted tokens accepted
+    assert got["llama-server-ngram-mod"]["mean_accepted_length"] == 1.25
+    assert got["llama-server-ngram-mod"]["acceptance_rate"] == 0.5
+    assert got["hf-plain"]["gen_tokens_per_s"] is None and got["hf-plain"]["gen_speedup"] is None
+
+
+def test_our_generation_time_is_our_wall_time_after_the_targets_prefill(tiny):
+    from specdec.bench.methods import MethodFactory
+    from specdec.options import GenerationOptions
+
+    factory = MethodFactory(tiny, "tiny", "transformers", "float32", GenerationOptions())
+    result = factory.build("ngram").run(tiny.encode("hello world, hello there; hello world, hello"), 12, None)
+    assert result.gen_s == result.stats.wall_s - result.stats.prefill_s and 0 < result.gen_s < result.wall_s
+    assert result.gen_tokens == len(result.token_ids)

@@ -7,7 +7,8 @@ model). Everything after the name is a generation option (:mod:`specdec.options`
 ``num_draft``, a bare boolean option's name such as ``tree`` turns it on), so an option a drafter
 declares in its own file works here unchanged; the sampling comes from the bench's flags, the same
 for every method. The peers: ``hf-plain``, ``hf-lookup[:k=K]``, ``hf-assisted:ALIAS``,
-``llamacpp-plain[:exact]``, ``llamacpp-lookup[:exact][:k=K]``.
+``llamacpp-plain[:exact]``, ``llamacpp-lookup[:exact][:k=K]``, vLLM's (:mod:`specdec.bench.vllm_peer`)
+and llama.cpp's own server's ``llama-server-*`` (:mod:`specdec.bench.llama_server_peer`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ from specdec.options import GenerationOptions, Option
 from specdec.registry import DRAFTERS
 from specdec.stats import GenerationStats
 
-# method -> the backend our run must use (None: any; vLLM loads the model's transformers folder itself)
+# method -> the backend our run must use (None: any; vLLM loads the model's transformers folder
+# itself, llama-server its GGUF)
+LLAMA_SERVER = ("llama-server-plain", "llama-server-draft", "llama-server-ngram-simple",
+                "llama-server-ngram-map-k", "llama-server-ngram-map-k4v", "llama-server-ngram-mod",
+                "llama-server-ngram-cache")
 PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
-         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp", "vllm-plain": None, "vllm-ngram": None}
+         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp", "vllm-plain": None, "vllm-ngram": None,
+         **dict.fromkeys(LLAMA_SERVER)}
 PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain[:exact]",
-              "llamacpp-lookup[:exact][:k=K]", "vllm-plain", "vllm-ngram[:k=K]")
-BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain", "vllm": "vllm-plain"}
+              "llamacpp-lookup[:exact][:k=K]", "vllm-plain", "vllm-ngram[:k=K]", "llama-server-plain",
+              "llama-server-draft[:ALIAS][:n=N]", "llama-server-ngram-simple[:n=N]",
+              "llama-server-ngram-map-k[:n=N]", "llama-server-ngram-map-k4v[:n=N]",
+              "llama-server-ngram-mod[:n=N]", "llama-server-ngram-cache")
+BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain", "vllm": "vllm-plain",
+             "llama-server": "llama-server-plain"}
 
 
 def method_forms() -> list[str]:
@@ -64,13 +74,25 @@ class RunResult:
 
     ``stats`` are our generation's own counters (:class:`specdec.stats.GenerationStats`; None for
     the peers, which do not expose them); ``peer_forwards`` the target forwards a peer made,
-    counted by a hook where its library allows one.
+    counted by a hook where its library allows one (or from its own counters), ``peer_drafted`` /
+    ``peer_accepted`` its draft tokens where it reports them.
+
+    ``gen_s`` is the generation time after the prompt (None where unknown) and ``gen_tokens`` the
+    tokens made in it, so that ``gen_tokens / gen_s`` is a generation rate that leaves the prompt
+    out. Ours: ``wall_s - prefill_s`` of our stats and every new token (the target's prompt left
+    out, except its last token, whose forward yields the first new token; a draft model's own
+    prompt is inside). llama.cpp's (``llama-server-*``, ``llamacpp-*``): from the first new token
+    to the last and the tokens after the first, its ``predicted_per_second``.
     """
 
     token_ids: list[int]
     wall_s: float
     stats: GenerationStats | None = None
     peer_forwards: int | None = None
+    gen_s: float | None = None
+    gen_tokens: int | None = None
+    peer_drafted: int | None = None
+    peer_accepted: int | None = None
 
     @property
     def target_forwards(self) -> int | None:
@@ -110,7 +132,8 @@ class OurMethod(Method):
         t0 = time.perf_counter()
         out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model)
         wall = time.perf_counter() - t0
-        return RunResult(out.token_ids, wall, stats=out.stats)
+        return RunResult(out.token_ids, wall, stats=out.stats, gen_s=out.stats.wall_s - out.stats.prefill_s,
+                         gen_tokens=len(out.token_ids))
 
 
 @dataclass
@@ -165,17 +188,19 @@ class LlamaMethod(Method):
         if seed is not None:
             self.llama.set_seed(seed)
         out: list[int] = []
-        t0 = time.perf_counter()
+        t0 = t_first = time.perf_counter()
         # Our sampling, like for like: top_k 0 is no top-k cut (llama.cpp skips k <= 0) and no min-p
         # (its default 0.05 would cut the tail). Its chain applies top-p before the temperature, ours
         # after: the same only when top_p is 1 or the temperature 1.
         for tok in self.llama.generate(prompt_ids, temp=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                        min_p=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(tok))
+            if len(out) == 1:
+                t_first = time.perf_counter()  # the prompt is done: llama.cpp's generation time starts
             if tok in self.eos or len(out) >= max_new_tokens:
                 break
-        wall = time.perf_counter() - t0
-        return RunResult(out, wall)
+        t_end = time.perf_counter()
+        return RunResult(out, t_end - t0, gen_s=t_end - t_first, gen_tokens=max(0, len(out) - 1))
 
 
 @dataclass
@@ -217,6 +242,13 @@ class MethodFactory:
             return self._hf(spec, head, args, pairs)
         if head.startswith("llamacpp-"):
             return self._llamacpp(spec, head, args, pairs)
+        if head.startswith("llama-server-"):
+            from specdec.bench import llama_server_peer as llama_server
+
+            settings = llama_server.parse(spec, head, args, pairs, self.model_name)
+            server = self._once(("llama-server", settings),
+                                lambda: llama_server.server_for(self.model_name, settings))
+            return llama_server.LlamaServerMethod(spec, server, self.options)
         if head.startswith("vllm-"):
             from specdec.bench import vllm_peer as vllm
 
@@ -338,6 +370,11 @@ def check_specs(specs: list[str], backend: str, base: GenerationOptions, model: 
         head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
             our_options(spec, base, model)
+        elif head.startswith("llama-server-"):
+            from specdec.bench import llama_server_peer as llama_server
+
+            llama_server.parse(spec, head, args, pairs, model)
+            llama_server.binary()
         elif head in PEERS:
             if head.startswith("vllm-"):
                 from specdec.bench import vllm_peer as vllm

@@ -140,11 +140,17 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
     wall = sum(r.wall_s for r in rs)
     stats = {"questions": len(rs), "new_tokens": new, "tokens_per_s": round(new / wall, 3) if wall else 0.0,
              "speedup": None, "mean_accepted_length": None, "acceptance_rate": None, "identical": None}
+    # Generation after the prompt (RunResult.gen_s; llama.cpp's predicted_per_second), and its ratio
+    # to the baseline's: what speculation changes, without the prompt's share of the wall time.
+    stats["gen_tokens_per_s"], stats["gen_speedup"] = _gen_rate(rs), None
     if base is not None and len(base) >= len(runs):
         base_wall = sum(base[i].wall_s for i in idx if i < len(runs))
         # Wall-time ratio over the same questions: equals the tokens/s ratio whenever outputs are
         # identical, and still says "how much sooner did I get my answers" when they are not.
         stats["speedup"] = round(base_wall / wall, 3) if wall else None
+        base_gen = _gen_rate([base[i] for i in idx if i < len(runs)])
+        if stats["gen_tokens_per_s"] and base_gen:
+            stats["gen_speedup"] = round(stats["gen_tokens_per_s"] / base_gen, 3)
         if method.name != method.baseline and stats["speedup"] is not None:
             # How far the questions' own speed-ups scatter: an overall 1.03x whose middle half spans
             # 1.0 is noise, not a gain.
@@ -160,10 +166,23 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
     if rs and rs[0].stats is not None:
         stats.update(GenerationStats.total(r.stats for r in rs).bench_dict())
     elif rs and rs[0].target_forwards is not None:
-        # A peer's forwards, counted by a hook: its mean accepted length (it has no drafting counters).
+        # A peer's forwards, counted by a hook or by its own counters: its mean accepted length, and
+        # its acceptance rate where it counts its draft tokens (llama-server).
         counted = GenerationStats(new_tokens=new, target_forwards=sum(r.target_forwards for r in rs))
         stats["mean_accepted_length"] = counted.bench_dict()["mean_accepted_length"]
+        drafted = sum(r.peer_drafted or 0 for r in rs)
+        if drafted:
+            stats["acceptance_rate"] = round(sum(r.peer_accepted or 0 for r in rs) / drafted, 4)
     return stats
+
+
+def _gen_rate(rs: list[RunResult]) -> float | None:
+    """Tokens per second of generation after the prompt over ``rs`` (None unless every run knows it)."""
+    if not rs or any(r.gen_s is None for r in rs):
+        return None
+    seconds = sum(r.gen_s for r in rs)
+    tokens = sum(len(r.token_ids) if r.gen_tokens is None else r.gen_tokens for r in rs)
+    return round(tokens / seconds, 3) if seconds > 0 else None
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:
