@@ -1,0 +1,207 @@
+"""Model sources: an alias's default draft model (CLI, API, bench), and the llama.cpp path, which
+reads the tokenizer from the GGUF instead of converting the weights to safetensors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import specdec
+from specdec.cli import main
+from specdec.errors import SpecdecError
+from specdec.models import ALIASES, ResolvedModel, cache_root, default_draft_model, load_tokenizer, resolve
+
+QWEN, QWEN_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+# -- default draft models: the resolution, without loading real models -------------------------
+def test_an_alias_names_its_default_draft_model():
+    assert default_draft_model(QWEN) == QWEN_DRAFT
+    for name in (QWEN_DRAFT, "smollm2-135m", "gemma3-270m", "/some/model.gguf", "a/folder"):
+        assert default_draft_model(name) is None
+    assert all(s.draft in ALIASES for s in ALIASES.values() if s.draft is not None)
+
+
+def test_the_cli_loads_the_default_draft_model_when_none_is_given(capsys, monkeypatch, tiny_model_dir):
+    """``--drafter model`` on an alias with a default: the files checked and the models loaded are
+    the target's and its default draft model's, with the same settings."""
+    resolved, loaded = [], []
+
+    def resolve_model(name, backend):
+        resolved.append((name, backend))
+        return ResolvedModel(name, tiny_model_dir, None)  # both "models" share one tokenizer
+
+    def load(name, **settings):
+        loaded.append((name, settings))
+        if len(loaded) == 2:
+            raise SpecdecError("both loaded")
+        return object()
+
+    monkeypatch.setattr("specdec.commands.common.resolve_model", resolve_model)
+    monkeypatch.setattr("specdec.api.load", load)
+    code = main(["generate", "def fib(n):", "--model", QWEN, "--backend", "llamacpp", "--drafter", "model",
+                 "--max-new-tokens", "8"])
+    assert code != 0 and "both loaded" in capsys.readouterr().err
+    assert resolved == [(QWEN, "llamacpp"), (QWEN_DRAFT, "llamacpp")]
+    assert [name for name, _ in loaded] == [QWEN, QWEN_DRAFT]
+    assert loaded[0][1] == loaded[1][1] == {"dtype": "float32", "backend": "llamacpp", "exact": None}
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])
+@pytest.mark.parametrize("drafter", ["model", "staged"])
+def test_a_model_without_a_default_still_needs_draft_model(capsys, no_loading, command, drafter):
+    code = main([*command, "--model", "smollm2-135m", "--drafter", drafter])
+    err = capsys.readouterr().err
+    assert code == 2 and no_loading == []
+    assert err.strip().splitlines() == [f"error: --drafter {drafter} needs --draft-model (smollm2-135m names no "
+                                        "default draft model)"]
+
+
+def test_serve_takes_the_default_draft_model_only_for_a_drafter_that_runs_one():
+    from specdec.cli import build_parser
+    from specdec.commands.common import generation_options
+
+    for drafter, expected in (("model", QWEN_DRAFT), ("ngram", None)):
+        args = build_parser().parse_args(["serve", "--model", QWEN, "--drafter", drafter])
+        generation_options(args)
+        assert args.draft_model == expected
+    args = build_parser().parse_args(["serve", "--model", QWEN, "--drafter", "model", "--draft-model", "other"])
+    generation_options(args)
+    assert args.draft_model == "other"  # a given draft model wins
+
+
+def test_the_api_loads_the_default_draft_model_once_with_the_same_settings(monkeypatch, tiny_model_dir,
+                                                                          tiny_draft_dir):
+    from specdec import api
+
+    folders = {QWEN: tiny_model_dir, QWEN_DRAFT: tiny_draft_dir}
+    loads = []
+    real_load, real_resolve = api.load, api.resolve
+
+    def resolve(name, report=None, need_hf=True):
+        if name not in folders:
+            return real_resolve(name, report, need_hf)
+        return ResolvedModel(name, folders[name], None, draft=default_draft_model(name))
+
+    def load(name, **settings):
+        loads.append((name, settings))
+        return real_load(name, **settings)
+
+    monkeypatch.setattr(api, "resolve", resolve)
+    monkeypatch.setattr(api, "load", load)
+    model = api.load(QWEN, dtype="float32")
+    assert model.default_draft_name == QWEN_DRAFT
+    draft = specdec.load(str(tiny_draft_dir))
+    plain = model.generate("the quick brown fox", max_new_tokens=12, drafter="none")
+    given = model.generate("the quick brown fox", max_new_tokens=12, drafter="model", draft_model=draft, num_draft=3)
+    assert len(loads) == 1  # a given draft model: the default is not loaded
+    for _ in range(2):
+        out = model.generate("the quick brown fox", max_new_tokens=12, drafter="model", num_draft=3)
+        assert out.token_ids == plain.token_ids == given.token_ids
+        assert out.stats.draft_forwards == given.stats.draft_forwards > 0
+    assert [name for name, _ in loads] == [QWEN, QWEN_DRAFT]  # loaded on first use, then kept
+    assert loads[1][1] == {"dtype": "float32", "backend": "transformers", "exact": None, "report": None}
+    assert model.default_draft_model() is model.default_draft_model()
+
+
+def test_the_api_without_a_default_draft_model_says_so(tiny):
+    assert tiny.default_draft_name is None and tiny.default_draft_model() is None
+    with pytest.raises(SpecdecError, match="needs a draft model .*names no default draft model"):
+        tiny.generate("hi", drafter="model")
+
+
+def test_a_bench_method_without_alias_uses_the_default_draft_model(tiny, tiny_draft_dir):
+    from specdec.bench.methods import MethodFactory, check_specs
+    from specdec.options import GenerationOptions
+
+    base = GenerationOptions()
+    check_specs(["model:k=3"], "transformers", base, QWEN)
+    with pytest.raises(SpecdecError, match="write model:ALIAS"):
+        check_specs(["model:k=3"], "transformers", base, "smollm2-135m")
+    factory = MethodFactory(tiny, str(tiny_draft_dir), "transformers", "float32", base)
+    with pytest.raises(SpecdecError, match=r"write model:ALIAS \(.* names no default draft model\)"):
+        factory.build("model:k=3")
+    tiny.set_default_draft_model(str(tiny_draft_dir))
+    try:
+        method = factory.build("model:k=3")
+        assert method.draft_model is tiny.default_draft_model()
+        assert method.run(tiny.encode("the quick brown fox"), 8, None).stats.draft_forwards > 0
+    finally:
+        tiny.set_default_draft_model(None)
+
+
+# -- the llama.cpp path: the tokenizer from the GGUF, nothing converted ---------------------------
+SAMPLES = ["The capital of France is", "  leading spaces,\ttabs\nand newlines", "Café déjà vu — 東京 🙂",
+           "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"]
+
+
+def _cached_gguf(alias: str, tmp_path: Path, monkeypatch) -> Path:
+    """A fresh cache in which ``alias``'s GGUF (fetched into the usual cache if needed) is linked."""
+    gguf = resolve(alias, need_hf=False).gguf
+    cache = tmp_path / "cache"
+    (cache / "models" / alias).mkdir(parents=True)
+    os.symlink(gguf, cache / "models" / alias / "model.gguf")
+    monkeypatch.setenv("SPECDEC_CACHE", str(cache))
+    return cache
+
+
+@pytest.mark.real
+def test_a_llamacpp_load_converts_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    cache = _cached_gguf("smollm2-135m", tmp_path, monkeypatch)
+    model = specdec.load("smollm2-135m", backend="llamacpp")
+    assert not list(cache.rglob("*.safetensors")) and not (cache / "models" / "smollm2-135m" / "hf").exists()
+    folder = cache / "models" / "smollm2-135m" / "tokenizer"
+    assert {"tokenizer.json", "config.json", "generation_config.json"} <= {p.name for p in folder.iterdir()}
+    assert 2 in model.eos_token_ids and model.has_chat_template  # <|im_end|>
+    out = model.generate("The capital of France is", max_new_tokens=6, drafter="none")  # no cost calibration
+    assert len(out.token_ids) >= 1
+    resolved = resolve("smollm2-135m", need_hf=False)
+    assert resolved.tokenizer_dir == folder and resolved.gguf is not None
+    from specdec.commands.common import context_length
+
+    assert context_length(resolved.tokenizer_dir) == 8192
+
+
+@pytest.mark.real
+def test_the_tokenizer_read_from_the_gguf_equals_the_converted_one(tmp_path, monkeypatch):
+    from specdec.api import _load_tokenizer
+    from specdec.text import TextCodec, vocabularies_differ
+
+    converted = resolve("smollm2-135m")  # the safetensors folder (converted once, as other tests use it)
+    cache = _cached_gguf("smollm2-135m", tmp_path, monkeypatch)
+    from_gguf = resolve("smollm2-135m", need_hf=False)
+    assert from_gguf.tokenizer_dir.is_relative_to(cache) and from_gguf.has_chat_template
+    # The tokenizer just read from the GGUF, and the one saved in its folder (what later loads read).
+    (a, eos_a), (b, eos_b) = _load_tokenizer(converted), _load_tokenizer(from_gguf)
+    c = load_tokenizer(from_gguf.tokenizer_dir)
+    assert type(a) is type(b) is type(c) and b is not c
+    assert not vocabularies_differ(converted.tokenizer_dir, from_gguf.tokenizer_dir)
+    ca, cb, cc = TextCodec(a), TextCodec(b), TextCodec(c)
+    for text in SAMPLES:
+        for chat in (False, True):
+            assert ca.encode(text, chat) == cb.encode(text, chat) == cc.encode(text, chat)
+        assert cb.decode(cb.encode(text)) == cc.decode(cc.encode(text)) == text
+    assert eos_a <= eos_b  # the GGUF's end of text (<|endoftext|>, 0) ends generation too
+    assert eos_b - eos_a <= {0}
+
+
+@pytest.mark.real
+def test_the_qwen_pair_on_llamacpp():
+    """Skipped unless both GGUFs are in the cache (1.6 GB to download): the tokenizer folders, EOS
+    ids, chat template, and the default draft model drafting losslessly."""
+    pytest.importorskip("llama_cpp")
+    if not all((cache_root() / "models" / a / "model.gguf").exists() for a in (QWEN, QWEN_DRAFT)):
+        pytest.skip("the Qwen2.5-Coder GGUFs are not cached")
+    model = specdec.load(QWEN, backend="llamacpp")
+    assert {151643, 151645} <= model.eos_token_ids  # <|endoftext|>, <|im_end|>
+    assert model.tokenizer.decode(model.encode("hi", chat=True)) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    prompt = model.encode("def reverse(s):")
+    plain = model.generate(prompt, max_new_tokens=10, drafter="none")
+    spec = model.generate(prompt, max_new_tokens=10, drafter="model", policy="fixed", num_draft=3)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.draft_forwards > 0 and model.default_draft_model().name == QWEN_DRAFT
