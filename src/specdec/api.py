@@ -22,7 +22,8 @@ from specdec.drafters.memory import NgramMemory
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
-from specdec.models import DEFAULT_MODEL, Reporter, needs_weights_folder, no_progress_bars, resolve
+from specdec.models import (DEFAULT_MODEL, Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars,
+                            resolve)
 from specdec.policies.base import DraftPolicy
 from specdec.policies.fixed import FixedK
 from specdec.pool import BackendPool
@@ -101,7 +102,12 @@ def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
                 gen_config = None
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"could not load the tokenizer of {resolved.name} from {folder}: {exc}") from exc
-    return tokenizer, eos_ids(gen_config, tokenizer)
+    eos = eos_ids(gen_config, tokenizer)
+    if resolved.gguf is not None and folder == resolved.hf_dir:
+        # A converted GGUF's config names one EOS id; the GGUF's end-of-turn and end-of-text tokens
+        # (Qwen's <|endoftext|> beside <|im_end|>) end generation too, as they do on llama.cpp.
+        eos |= frozenset(gguf_end_ids(resolved.gguf, tokenizer))
+    return tokenizer, eos
 
 
 def eos_ids(*sources) -> frozenset[int]:

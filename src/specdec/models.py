@@ -359,12 +359,23 @@ def gguf_eos_ids(meta: dict, tokenizer) -> list[int]:
     ids = {meta[k] for k in (keys.EOS_ID, keys.EOT_ID, keys.EOM_ID) if isinstance(meta.get(k), int)}
     types = meta.get(keys.TOKEN_TYPE)
     if isinstance(types, list):  # without token types nothing is known to be a control token
-        vocab = tokenizer.get_vocab()
         for text in END_TOKENS:
-            i = vocab.get(text)
-            if i is not None and i < len(types) and types[i] == gguf_lib.TokenType.CONTROL:
+            i = tokenizer.convert_tokens_to_ids(text)  # an unknown text gives the unknown token's id
+            if (isinstance(i, int) and 0 <= i < len(types) and types[i] == gguf_lib.TokenType.CONTROL
+                    and tokenizer.convert_ids_to_tokens(i) == text):
                 ids.add(i)
     return sorted(ids)
+
+
+def gguf_end_ids(path: Path, tokenizer) -> list[int]:
+    """:func:`gguf_eos_ids` of the GGUF at ``path`` (its metadata only: well under a second)."""
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    try:
+        meta, _ = read_gguf_metadata(str(path))
+    except (OSError, ValueError):
+        return []  # the weights' load reports an unreadable file
+    return gguf_eos_ids(meta, tokenizer)
 
 
 def _check_gguf(path: Path) -> None:
