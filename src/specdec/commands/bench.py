@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--methods needs --questions (" + ", ".join(prompt_set_names()) + " or FILE.jsonl)")
     from specdec.bench.methods import check_specs
 
-    check_specs(specs, args.backend, base)
+    check_specs(specs, args.backend, base, model=args.model)
     out = _output_folder(args.out)
     questions = []
     if specs:
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.methods import BASELINES, MethodFactory
     from specdec.commands.common import quiet_libraries
     from specdec.cpu import machine_tag
-    from specdec.models import resolve
+    from specdec.commands.common import resolve_model
 
-    check_context(resolve(args.model), args.max_new_tokens)  # after the cheap checks: it may download
+    check_context(resolve_model(args.model, args.backend), args.max_new_tokens)  # after the cheap checks: it may download
     quiet_libraries()
     model = load(args.model, **load_options(args))
     factory = MethodFactory(model, args.model, args.backend, args.dtype, base)
