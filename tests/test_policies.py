@@ -167,3 +167,64 @@ def test_measure_switch_restores_the_cache():
     steady, switch = measure_switch(backend, [1, 2, 3, 4], repeats=2)
     assert steady > 0 and switch >= 0
     assert backend.tokens == [1, 2, 3, 4]
+
+
+class PricedDrafter:
+    """A drafter stub that only says what each of its tokens costs (seconds)."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+
+    def token_cost(self) -> float:
+        return self.cost
+
+
+# Qwen2.5-Coder-1.5B on llama.cpp, 2-core AVX2: every verified row costs about half a forward.
+CPU = CostModel({1: 1.0, 2: 1.54, 3: 2.01, 4: 2.49, 5: 3.03, 8: 4.5})
+
+
+def test_a_draft_model_is_not_run_where_no_draft_length_pays():
+    """Its 0.5B sibling drafts a token for 0.47 of the target's forward: with the verified row's
+    ~0.5 on top, a drafted token costs about a plain step. Even if every token were accepted,
+    drafting would gain 3%: the draft model is never asked for anything (not even its prompt)."""
+    policy = AdaptiveK(CPU, prior_acceptance=0.98)
+    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
+    assert [policy.max_k() for _ in range(48)] == [0] * 48
+
+
+def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
+    policy = AdaptiveK(CPU, prior_acceptance=0.9)
+    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
+    planned = policy.max_k()
+    assert 2 <= planned < policy.k
+    free = AdaptiveK(CPU, prior_acceptance=0.9)
+    free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
+    assert free.max_k() == free.k  # free tokens: draft up to K, verify what pays
+    # Acceptance fell: shorter drafts; then none, with a one-token try now and then.
+    for _ in range(40):
+        policy.observe(planned, 0, 0.0)
+    assert policy.acceptance < 0.2
+    tries = [policy.max_k() for _ in range(32)]  # at 100% acceptance it would pay: tried now and then
+    assert set(tries) == {0, 1} and tries.count(1) == 2
+
+
+def test_drafting_stops_when_one_more_token_would_lower_the_rate():
+    cheap = AdaptiveK(CPU)
+    cheap.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
+    assert not cheap.stop_drafting([0.95, 0.95])
+    dear = AdaptiveK(CPU)
+    dear.begin(ToyLM(8, 2).backend(), PricedDrafter(0.6))
+    assert dear.stop_drafting([0.95, 0.95])
+    free = AdaptiveK(CPU)
+    free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
+    assert not free.stop_drafting([0.95, 0.95])  # only the survival threshold ends a free draft
+
+
+def test_a_draft_models_forwards_count_in_the_choice_of_prefix():
+    """Spent draft forwards are part of the step's time: with them a longer prefix can pay where
+    it would not on the target's cost alone."""
+    policy = AdaptiveK(CPU)
+    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
+    sure = Draft([1, 2, 3], forwards=3, confidence=[0.9, 0.9, 0.9])
+    alone = AdaptiveK(CPU)
+    assert policy.choose(sure) >= alone.choose(Draft([1, 2, 3], confidence=[0.9, 0.9, 0.9]))

@@ -104,6 +104,9 @@ class CrossVocabDrafter(Drafter):
         reach = [1.0] + [survival(e) for e in target_ends]
         return [min(1.0, b / a) if a > 0 else 0.0 for a, b in zip(reach, reach[1:])]
 
+    def token_cost(self) -> float:
+        return self.inner.token_cost()
+
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if self._last is None:
             return

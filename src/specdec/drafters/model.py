@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -9,6 +10,7 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.context import LearnedSlot
+from specdec.costs import CostModel
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.errors import SpecdecError
@@ -85,15 +87,22 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, backend: Backend, table: AcceptanceTable | None = None,
-                 release: Callable[[Backend], None] | None = None, tree: bool = False) -> None:
+                 release: Callable[[Backend], None] | None = None, tree: bool = False,
+                 costs: Callable[[], CostModel] | None = None) -> None:
         self.backend = backend
         self.table = table or model_table()
+        # The draft model's own forward-cost curve (measured once per machine, then refined by the
+        # forwards timed here): what a drafted token costs, for the policy to weigh.
+        self.costs = costs
         self.cached: list[int] = []  # the tokens whose keys/values are in backend's cache
         self.tree = tree and backend.supports_tree
         self._release = release
         self._siblings: torch.Generator | None = None
         # [V] bool: the only tokens it may draft (a vocabulary bridge's intersection), or None.
         self.allowed: torch.Tensor | None = None
+
+    def token_cost(self) -> float:
+        return self.costs().forward(1) if self.costs is not None else 0.0
 
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         super().begin(prompt, sampler)
@@ -116,8 +125,16 @@ class ModelDrafter(Drafter):
             # drafts another token than the target will choose.
             self.backend.prefill(tokens[:-1])
             keep = len(tokens) - 1
-        logits = self.backend.extend(tokens[keep:], last_only=True)[-1]
+        logits = self._forward(tokens[keep:])
         self.cached = list(tokens)
+        return logits
+
+    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The draft model's logits after ``tokens`` (fed in one forward), timed for its curve."""
+        t0 = time.perf_counter()
+        logits = self.backend.extend(tokens, last_only=True)[-1]
+        if self.costs is not None:
+            self.costs().observe(len(tokens), time.perf_counter() - t0, after=1)
         return logits
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
@@ -147,7 +164,7 @@ class ModelDrafter(Drafter):
             out.add(tok, q, (decile(q[tok]),), self.table)
             if i + 1 == k or (stop is not None and stop(out.confidence)):
                 break
-            logits = self.backend.extend([tok], last_only=True)[-1]
+            logits = self._forward([tok])
             self.cached.append(tok)
             forwards += 1
         return out.draft(forwards)
@@ -244,6 +261,11 @@ def draft_backend(request: DraftRequest) -> tuple[Backend, AcceptanceTable, Call
     return draft.pool.take(), table, draft.pool.give
 
 
+def draft_costs(request: DraftRequest) -> Callable[[], CostModel]:
+    """The draft model's forward-cost curve (measured on first use, once per machine)."""
+    return request.draft.costs
+
+
 def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
     """``inner`` itself when draft and target share a vocabulary; otherwise wrapped to propose
     target tokens through a vocabulary bridge (:mod:`specdec.drafters.cross`)."""
@@ -266,4 +288,5 @@ def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
 def _build_model(request: DraftRequest) -> Drafter:
     backend, table, release = draft_backend(request)
     same = request.target.codec.same_vocabulary(request.draft.codec)
-    return bridged(request, ModelDrafter(backend, table, release=release, tree=request.tree and same))
+    return bridged(request, ModelDrafter(backend, table, release=release, tree=request.tree and same,
+                                         costs=draft_costs(request)))

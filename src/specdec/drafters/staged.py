@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from specdec.drafters.base import StopDrafting
 from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter, bridged, decile, draft_backend
+from specdec.drafters.model import ModelDrafter, bridged, decile, draft_backend, draft_costs
 from specdec.drafters.ngram import NgramDrafter
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler
@@ -81,4 +81,4 @@ class StagedDrafter(ModelDrafter):
                    "draft in fewer draft-model forwards", needs_draft_model=True, order=25)
 def _build_staged(request: DraftRequest) -> Drafter:
     backend, table, release = draft_backend(request)
-    return bridged(request, StagedDrafter(backend, table, release=release))
+    return bridged(request, StagedDrafter(backend, table, release=release, costs=draft_costs(request)))

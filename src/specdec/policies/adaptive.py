@@ -17,6 +17,8 @@ from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
 
 DEFAULT_K = 12
+EXPLORE_EVERY = 16  # steps between single-token tries when drafting is believed not to pay
+EXPLORE_GAIN = 1.1  # ... if it would pay at least this much were every token accepted
 
 
 class AdaptiveK(DraftPolicy):
@@ -46,12 +48,49 @@ class AdaptiveK(DraftPolicy):
         self.acceptance = prior_acceptance  # running per-token rate, for confidence-less drafts
         self.min_survival = min_survival
         self._last: int | None = None  # rows of this generation's previous forward (None: the prefill)
+        self.drafter = None  # the generation's drafter: what its tokens cost
+        self._declined = 0  # steps drafting was believed not to pay
 
-    def begin(self, target) -> None:
+    def begin(self, target, drafter=None) -> None:
         self.costs = target.forward_costs(self.curve)
+        self.drafter = drafter
+        self._declined = 0
+
+    def _token_cost(self) -> float:
+        """Seconds to draft one token, as the drafter prices it (0: free, an index lookup)."""
+        return self.drafter.token_cost() if self.drafter is not None else 0.0
 
     def max_k(self) -> int:
-        return self.k
+        """At most K; for a drafter whose tokens cost a forward each, the draft length that pays
+        best at the running acceptance rate, and none where no length pays even if every token
+        were accepted (then the draft model is never run: not even its prompt)."""
+        d = self._token_cost()
+        if d <= 0:
+            return self.k
+        best, _ = self._plan(d, self.acceptance)
+        if best == 0 and self._plan(d, 1.0)[1] >= EXPLORE_GAIN:
+            # Drafting would pay well at a higher acceptance than believed: try one token now and
+            # then, or the estimate would never be corrected. (A first try fills the draft model's
+            # prompt, seconds on a CPU: not for a gain within noise.)
+            self._declined += 1
+            if self._declined % EXPLORE_EVERY == 0:
+                return 1
+        return best
+
+    def _plan(self, d: float, acceptance: float) -> tuple[int, float]:
+        """The draft length with the best expected tokens per second when each token costs ``d``
+        seconds to draft and survives with probability ``acceptance``, and its rate over a plain
+        step's."""
+        plain = 1.0 / self.costs.step(1)
+        best_i, best_rate = 0, plain
+        expected, survive = 1.0, 1.0
+        for i in range(1, self.k + 1):
+            survive *= acceptance
+            expected += survive
+            rate = expected / (i * d + self.costs.step(i + 1))
+            if rate > best_rate:
+                best_i, best_rate = i, rate
+        return best_i, best_rate / plain
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """The number of leading draft nodes to verify (a tree's nodes come best first)."""
@@ -69,17 +108,30 @@ class AdaptiveK(DraftPolicy):
 
     def _cost(self, draft: Draft) -> Callable[[int], float]:
         """Seconds of a step verifying the draft's first i nodes against plain decoding: the
-        draft's own price (in plain steps) when it gives one, the cost curve's otherwise."""
+        draft's own price (in plain steps) when it gives one, the cost curve's otherwise; a
+        draft model's forwards are spent whatever is verified, and count in every choice."""
         if draft.verify_cost is not None:
             return lambda i: draft.verify_cost(i) * self.costs.forward(1)
-        return lambda i: self.costs.step(i + 1)
+        spent = draft.forwards * self._token_cost()
+        return lambda i: spent + self.costs.step(i + 1)
 
     def stop_drafting(self, confidence: list[float]) -> bool:
-        """Threshold drafting: stop once the whole draft is unlikely to survive verification."""
+        """Threshold drafting: stop once the whole draft is unlikely to survive verification, or,
+        for a drafter that pays per token, once one more token (assumed as likely as the last)
+        would lower the step's expected tokens per second."""
         survival = 1.0
         for a in confidence:
             survival *= a
-        return survival < self.min_survival
+        if survival < self.min_survival:
+            return True
+        d = self._token_cost()
+        if d <= 0 or not confidence:
+            return False
+        n = len(confidence)
+        expected = 1.0 + sum(path_probabilities(chain(n), confidence))
+        now = expected / (n * d + self.costs.step(n + 1))
+        more = (expected + survival * confidence[-1]) / ((n + 1) * d + self.costs.step(n + 2))
+        return more <= now
 
     def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
         # A generation's first one-row forward follows the prefill, a shape change that no draft

@@ -11,8 +11,9 @@ from specdec.types import Draft
 class DraftPolicy(ABC):
     """Chooses how much to draft and verify, and learns from what verification kept."""
 
-    def begin(self, target: Backend) -> None:
-        """A generation starts on ``target`` (policies that price forwards ask it what they cost)."""
+    def begin(self, target: Backend, drafter=None) -> None:
+        """A generation starts on ``target`` with ``drafter`` (policies that price forwards ask
+        the target what they cost, and the drafter what its tokens cost)."""
 
     @abstractmethod
     def max_k(self) -> int:
