@@ -170,7 +170,7 @@ def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
     one extend at a time instead, it rejected a token on 5 of 9 Spec-Bench prompts on AVX2."""
     drafter = specdec.load(model.name, backend="llamacpp")
     for ids in prompt_ids:
-        out = model.generate(ids, drafter="model", draft_model=drafter, policy="fixed", num_draft=3,
+        out = model.generate(ids, drafter="model", draft_model=drafter, lookup=False, policy="fixed", num_draft=3,
                              max_new_tokens=24)
         plain = model.generate(ids, drafter="none", max_new_tokens=24)
         assert out.token_ids == plain.token_ids

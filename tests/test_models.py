@@ -95,10 +95,13 @@ def test_the_api_loads_the_default_draft_model_once_with_the_same_settings(monke
     assert model.default_draft_name == QWEN_DRAFT
     draft = specdec.load(str(tiny_draft_dir))
     plain = model.generate("the quick brown fox", max_new_tokens=12, drafter="none")
-    given = model.generate("the quick brown fox", max_new_tokens=12, drafter="model", draft_model=draft, num_draft=3)
+    # A fixed K, no copying: the draft model itself drafts (the adaptive policy would not run a
+    # draft model as large as its target).
+    kw = dict(max_new_tokens=12, drafter="model", num_draft=3, policy="fixed", lookup=False)
+    given = model.generate("the quick brown fox", draft_model=draft, **kw)
     assert len(loads) == 1  # a given draft model: the default is not loaded
     for _ in range(2):
-        out = model.generate("the quick brown fox", max_new_tokens=12, drafter="model", num_draft=3)
+        out = model.generate("the quick brown fox", **kw)
         assert out.token_ids == plain.token_ids == given.token_ids
         assert out.stats.draft_forwards == given.stats.draft_forwards > 0
     assert [name for name, _ in loads] == [QWEN, QWEN_DRAFT]  # loaded on first use, then kept
@@ -125,7 +128,8 @@ def test_a_bench_method_without_alias_uses_the_default_draft_model(tiny, tiny_dr
         factory.build("model:k=3")
     tiny.set_default_draft_model(str(tiny_draft_dir))
     try:
-        method = factory.build("model:k=3")
+        # A fixed K: the adaptive policy does not run a draft model as large as its target.
+        method = factory.build("model:k=3:policy=fixed:lookup=false")
         assert method.draft_model is tiny.default_draft_model()
         assert method.run(tiny.encode("the quick brown fox"), 8, None).stats.draft_forwards > 0
     finally:
@@ -201,6 +205,6 @@ def test_the_qwen_pair_on_llamacpp():
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     prompt = model.encode("def reverse(s):")
     plain = model.generate(prompt, max_new_tokens=10, drafter="none")
-    spec = model.generate(prompt, max_new_tokens=10, drafter="model", policy="fixed", num_draft=3)
+    spec = model.generate(prompt, max_new_tokens=10, drafter="model", policy="fixed", num_draft=3, lookup=False)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.draft_forwards > 0 and model.default_draft_model().name == QWEN_DRAFT

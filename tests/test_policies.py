@@ -175,7 +175,7 @@ class PricedDrafter:
     def __init__(self, cost: float) -> None:
         self.cost = cost
 
-    def token_cost(self) -> float:
+    def token_cost(self, tokens=()) -> float:
         return self.cost
 
 
@@ -187,13 +187,15 @@ def test_a_draft_model_is_not_run_where_no_draft_length_pays():
     """Its 0.5B sibling drafts a token for 0.47 of the target's forward: with the verified row's
     ~0.5 on top, a drafted token costs about a plain step. Even if every token were accepted,
     drafting would gain 3%: the draft model is never asked for anything (not even its prompt)."""
-    policy = AdaptiveK(CPU, prior_acceptance=0.98)
+    policy = AdaptiveK(CPU)
+    policy.priced_acceptance = 0.98
     policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
     assert [policy.max_k() for _ in range(48)] == [0] * 48
 
 
 def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
-    policy = AdaptiveK(CPU, prior_acceptance=0.9)
+    policy = AdaptiveK(CPU)
+    policy.priced_acceptance = 0.9
     policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
     planned = policy.max_k()
     assert 2 <= planned < policy.k
@@ -203,21 +205,21 @@ def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
     # Acceptance fell: shorter drafts; then none, with a one-token try now and then.
     for _ in range(40):
         policy.observe(planned, 0, 0.0)
-    assert policy.acceptance < 0.2
+    assert policy.priced_acceptance < 0.2
     tries = [policy.max_k() for _ in range(32)]  # at 100% acceptance it would pay: tried now and then
     assert set(tries) == {0, 1} and tries.count(1) == 2
 
 
 def test_drafting_stops_when_one_more_token_would_lower_the_rate():
-    cheap = AdaptiveK(CPU)
-    cheap.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
-    assert not cheap.stop_drafting([0.95, 0.95])
-    dear = AdaptiveK(CPU)
-    dear.begin(ToyLM(8, 2).backend(), PricedDrafter(0.6))
-    assert dear.stop_drafting([0.95, 0.95])
-    free = AdaptiveK(CPU)
-    free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
-    assert not free.stop_drafting([0.95, 0.95])  # only the survival threshold ends a free draft
+    def policy_at(cost: float) -> AdaptiveK:
+        policy = AdaptiveK(CPU, prior_acceptance=0.95)
+        policy.begin(ToyLM(8, 2).backend(), PricedDrafter(cost))
+        policy.max_k()  # the step starts: the drafter prices its tokens
+        return policy
+
+    assert not policy_at(0.05).stop_drafting([0.95, 0.95])
+    assert policy_at(0.6).stop_drafting([0.95, 0.95])
+    assert not policy_at(0.0).stop_drafting([0.95, 0.95])  # only the survival threshold ends a free draft
 
 
 def test_a_draft_models_forwards_count_in_the_choice_of_prefix():
@@ -225,6 +227,7 @@ def test_a_draft_models_forwards_count_in_the_choice_of_prefix():
     it would not on the target's cost alone."""
     policy = AdaptiveK(CPU)
     policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
+    policy.max_k()
     sure = Draft([1, 2, 3], forwards=3, confidence=[0.9, 0.9, 0.9])
     alone = AdaptiveK(CPU)
     assert policy.choose(sure) >= alone.choose(Draft([1, 2, 3], confidence=[0.9, 0.9, 0.9]))

@@ -168,11 +168,12 @@ class DecodeRun:
 
     def _draft(self, tokens: list[int], remaining: int) -> Draft:
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
-        k = min(self.policy.max_k(), remaining - 1)
+        most = self.policy.max_k(tokens)
+        k = min(most, remaining - 1)
         if k <= 0:
             return Draft([])
         draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
-        draft = fit(draft, self.policy.max_k(), remaining - 1, self.config.eos_token_ids)
+        draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
         if draft.is_tree and not self.target.supports_tree:
             draft = draft.subset(best_path(draft))
         return draft.truncated(self.policy.choose(draft, len(tokens))) if draft.tokens else draft

@@ -47,10 +47,11 @@ class Drafter(ABC):
         each token; free drafters may ignore it.
         """
 
-    def token_cost(self) -> float:
-        """Expected seconds to draft one more token: a draft model's forward, 0 for drafters whose
-        tokens cost next to nothing (an index lookup). The adaptive policy weighs it against what
-        the tokens would save, and drafts nothing where no draft length pays."""
+    def token_cost(self, tokens: Sequence[int] = ()) -> float:
+        """Expected seconds to draft one more token after ``tokens`` (the context of the coming
+        draft): a draft model's forward, 0 for drafters whose tokens cost next to nothing (an index
+        lookup). The adaptive policy weighs it against what the tokens would save, and drafts
+        nothing where no draft length pays."""
         return 0.0
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:

@@ -104,8 +104,8 @@ class CrossVocabDrafter(Drafter):
         reach = [1.0] + [survival(e) for e in target_ends]
         return [min(1.0, b / a) if a > 0 else 0.0 for a, b in zip(reach, reach[1:])]
 
-    def token_cost(self) -> float:
-        return self.inner.token_cost()
+    def token_cost(self, tokens: Sequence[int] = ()) -> float:
+        return self.inner.token_cost(self.bridge.draft_context(tokens) if tokens else ())
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if self._last is None:

@@ -13,13 +13,16 @@ from specdec.context import LearnedSlot
 from specdec.costs import CostModel
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
+from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
 from specdec.errors import SpecdecError
+from specdec.options import Option
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler
 from specdec.vocab import VocabBridge
 from specdec.types import Draft, Verdict
 
 WIDTH = 3  # most children a tree node gets (the drafter's top tokens)
+LOOKUP_MIN = 0.5  # the n-gram index drafts instead of the model when its first token is this likely
 MIN_PATH = 0.02  # nodes less likely than this to be reached are not worth a verified row
 
 
@@ -88,7 +91,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, backend: Backend, table: AcceptanceTable | None = None,
                  release: Callable[[Backend], None] | None = None, tree: bool = False,
-                 costs: Callable[[], CostModel] | None = None) -> None:
+                 costs: Callable[[], CostModel] | None = None, lookup: NgramDrafter | None = None) -> None:
         self.backend = backend
         self.table = table or model_table()
         # The draft model's own forward-cost curve (measured once per machine, then refined by the
@@ -100,15 +103,29 @@ class ModelDrafter(Drafter):
         self._siblings: torch.Generator | None = None
         # [V] bool: the only tokens it may draft (a vocabulary bridge's intersection), or None.
         self.allowed: torch.Tensor | None = None
+        # The n-gram index of the context: where it repeats itself, its drafts come free.
+        self.lookup = lookup
+        self._copied = False  # whether the last draft came from the index
 
-    def token_cost(self) -> float:
+    def token_cost(self, tokens: Sequence[int] = ()) -> float:
+        if self.lookup is not None and tokens and self._copies(tokens):
+            return 0.0
         return self.costs().forward(1) if self.costs is not None else 0.0
+
+    def _copies(self, tokens: Sequence[int]) -> bool:
+        """Whether the n-gram index has a likely continuation here (the context repeats itself)."""
+        self.lookup.sync(tokens)
+        found = self.lookup.continuations([])
+        return bool(found) and self.lookup.table.estimate(found[0][1]) >= LOOKUP_MIN
 
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         super().begin(prompt, sampler)
         self.backend.reset()
         self.cached = []
         self._siblings = torch.Generator().manual_seed(sampler.seed % 2**63)
+        self._copied = False
+        if self.lookup is not None:
+            self.lookup.begin(prompt, sampler)
 
     def _budget(self, tokens: Sequence[int], k: int) -> int:
         limit = getattr(self.backend, "max_length", None)
@@ -153,6 +170,11 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return Draft([])
         tokens = list(tokens)
+        self._copied = self.lookup is not None and self._copies(tokens)
+        if self._copied:
+            # Where the context repeats itself the index drafts for free what the draft model
+            # would spend a forward a token on (and is right about as often, copying code).
+            return self.lookup.propose(tokens, k, stop)
         logits = self._sync(tokens)
         if self.tree:
             return self._propose_tree(tokens, k, logits)
@@ -224,10 +246,14 @@ class ModelDrafter(Drafter):
         return [first] + more
 
     def observe(self, draft: Draft, verdict: Verdict) -> None:
-        if draft.features:
+        if self._copied:
+            self.lookup.observe(draft, verdict)
+        elif draft.features:
             self.table.learn(draft, verdict)
 
     def close(self) -> None:
+        if self.lookup is not None:
+            self.lookup.close()
         if self._release is not None:
             self._release(self.backend)
             self._release = None
@@ -248,6 +274,8 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
 # Kept on the draft model, per target (its drafts' acceptance depends on both); the bridge on the
 # target, per draft model (made with both codecs, so it has no default maker).
 MODEL_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot("model-acceptance", lambda: model_table())
+LOOKUP_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot("model-lookup-acceptance",
+                                                              lambda: AcceptanceTable(ngram_prior, ngram_bucket))
 VOCAB_BRIDGE: LearnedSlot = LearnedSlot("vocab-bridge", lambda: None)
 
 
@@ -283,10 +311,21 @@ def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
         raise
 
 
+LOOKUP_OPTION = Option(
+    "lookup", bool, True,
+    "let the model drafter copy from the context with the n-gram index where the context repeats itself "
+    "(free drafts; the draft model runs only where no copy is likely, and only where its forwards pay)")
+
+
 @drafter("model", "a smaller model (--draft-model; another tokenizer is bridged through text); with --tree "
-                  "it branches on the drafter's top tokens", needs_draft_model=True, order=20)
+                  "it branches on the drafter's top tokens", needs_draft_model=True, order=20,
+         options=[LOOKUP_OPTION])
 def _build_model(request: DraftRequest) -> Drafter:
     backend, table, release = draft_backend(request)
     same = request.target.codec.same_vocabulary(request.draft.codec)
+    # The index works in the draft model's tokens: with another vocabulary it drafts through the
+    # bridge like the model does.
+    table_slot = LOOKUP_ACCEPTANCE.named(f"for-{request.target.name}")
+    lookup = NgramDrafter(table=request.draft.state(table_slot)) if request.options["lookup"] else None
     return bridged(request, ModelDrafter(backend, table, release=release, tree=request.tree and same,
-                                         costs=draft_costs(request)))
+                                         costs=draft_costs(request), lookup=lookup))

@@ -7,7 +7,7 @@ when no prefix beats a plain step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
@@ -19,6 +19,7 @@ from specdec.types import Draft
 DEFAULT_K = 12
 EXPLORE_EVERY = 16  # steps between single-token tries when drafting is believed not to pay
 EXPLORE_GAIN = 1.1  # ... if it would pay at least this much were every token accepted
+PRICED_PRIOR = 0.8  # acceptance assumed for a draft model's tokens until its drafts are judged
 
 
 class AdaptiveK(DraftPolicy):
@@ -49,6 +50,11 @@ class AdaptiveK(DraftPolicy):
         self.min_survival = min_survival
         self._last: int | None = None  # rows of this generation's previous forward (None: the prefill)
         self.drafter = None  # the generation's drafter: what its tokens cost
+        # Per-token acceptance of drafts that cost something (a draft model's): what planning them
+        # assumes. Optimistic at first (a draft model of the target's family mostly agrees with
+        # it), then learned from those drafts alone.
+        self.priced_acceptance = PRICED_PRIOR
+        self._step_cost = 0.0  # seconds a token of this step's draft costs (the drafter's price)
         self._declined = 0  # steps drafting was believed not to pay
 
     def begin(self, target, drafter=None) -> None:
@@ -57,17 +63,17 @@ class AdaptiveK(DraftPolicy):
         self._declined = 0
 
     def _token_cost(self) -> float:
-        """Seconds to draft one token, as the drafter prices it (0: free, an index lookup)."""
-        return self.drafter.token_cost() if self.drafter is not None else 0.0
+        """Seconds to draft one token in this step, as the drafter priced it (0: free)."""
+        return self._step_cost
 
-    def max_k(self) -> int:
-        """At most K; for a drafter whose tokens cost a forward each, the draft length that pays
-        best at the running acceptance rate, and none where no length pays even if every token
-        were accepted (then the draft model is never run: not even its prompt)."""
-        d = self._token_cost()
+    def max_k(self, tokens: Sequence[int] = ()) -> int:
+        """At most K; for a drafter whose tokens cost a forward each here, the draft length that
+        pays best at the running acceptance rate, and none where no length pays even if every
+        token were accepted (then the draft model is never run: not even its prompt)."""
+        d = self._step_cost = self.drafter.token_cost(tokens) if self.drafter is not None else 0.0
         if d <= 0:
             return self.k
-        best, _ = self._plan(d, self.acceptance)
+        best, _ = self._plan(d, self.priced_acceptance)
         if best == 0 and self._plan(d, 1.0)[1] >= EXPLORE_GAIN:
             # Drafting would pay well at a higher acceptance than believed: try one token now and
             # then, or the estimate would never be corrected. (A first try fills the draft model's
@@ -144,6 +150,8 @@ class AdaptiveK(DraftPolicy):
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
             self.acceptance += 0.1 * (accepted / judged - self.acceptance)
+            if self._step_cost > 0:
+                self.priced_acceptance += 0.1 * (accepted / judged - self.priced_acceptance)
 
 
 @policy("adaptive", "verify only the draft prefix that pays on this machine's measured cost curve, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from specdec.backends.base import Backend
 from specdec.types import Draft
@@ -16,8 +17,9 @@ class DraftPolicy(ABC):
         the target what they cost, and the drafter what its tokens cost)."""
 
     @abstractmethod
-    def max_k(self) -> int:
-        """Most tokens to ask the drafter for in the next step (0: take a plain step)."""
+    def max_k(self, tokens: Sequence[int] = ()) -> int:
+        """Most tokens to ask the drafter for in the next step, after ``tokens`` (0: take a plain
+        step)."""
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """How many of ``draft``'s tokens to verify (default: all of them); ``context`` is the

@@ -17,7 +17,7 @@ class FixedK(DraftPolicy):
             raise SpecdecError(f"the number of draft tokens must be a whole number >= 1, got {k}")
         self.k = k
 
-    def max_k(self) -> int:
+    def max_k(self, tokens=()) -> int:
         return self.k
 
 
