@@ -326,11 +326,11 @@ def test_a_bad_option_reads_as_it_does_everywhere(served, tiny, tiny_model_dir, 
 def probe_drafter():
     """A drafter declaring an option of its own, ``probe_width`` (registered for one test only);
     the list records the values it was built with."""
-    from specdec import options, registry
+    from specdec import registry
     from specdec.options import Option, at_least
 
     registry.DRAFTERS.names()  # every built-in drafter registered first, so that undoing keeps them
-    entries, extra, seen = dict(registry.DRAFTERS._entries), dict(options._EXTRA), []
+    entries, seen = dict(registry.DRAFTERS._entries), []
 
     @registry.drafter("probe", "n-gram drafting that records its width", options=[
         Option("probe_width", int, 2, "how wide the probe looks", at_least(1))])
@@ -340,9 +340,7 @@ def probe_drafter():
 
     yield seen
     registry.DRAFTERS._entries.clear()
-    registry.DRAFTERS._entries.update(entries)
-    options._EXTRA.clear()
-    options._EXTRA.update(extra)
+    registry.DRAFTERS._entries.update(entries)  # the probe's option goes with its entry
 
 
 def test_a_drafter_declared_option_is_a_flag_default_and_a_body_field(tiny, tiny_model_dir, probe_drafter):

@@ -5,12 +5,14 @@ frozen :class:`GenerationOptions` holds what a generation may choose (sampling, 
 draft length, tree, verification, stops, ...), validated once by :meth:`GenerationOptions.validate`
 with one message per mistake. The CLI's flags, the server's request fields, the keywords of
 :meth:`specdec.Model.generate` and the bench's method specs are all built from the
-:class:`Option` specs in :data:`OPTIONS`, so a mistake reads the same in every front end.
+:class:`Option` specs (:func:`all_options`), so a mistake reads the same in every front end.
 
 A drafter declares options of its own in its own file (``@drafter(..., options=[Option(...)])``);
-they join :data:`OPTIONS` when the drafter registry is read and appear in ``--help``, the API, the
-server body and the bench spec without touching anything else. Their values reach the drafter in
-:attr:`specdec.registry.DraftRequest.options`.
+they live in its registry entry (:attr:`specdec.registry.DrafterEntry.options`, their one home),
+are read from there with specdec's own (:func:`all_options`, which reads the registry first) and
+appear in ``--help``, the API, the server body and the bench spec without touching anything else.
+Their values reach the drafter in :attr:`specdec.registry.DraftRequest.options`. Imports flow one
+way: this module reads the registry, the registry knows nothing of it.
 
 Options have a *scope*: ``generation`` options may differ per request; ``model`` options (e.g.
 ``--memory``) configure the loaded model once and are only flags (the server's body cannot set them).
@@ -167,34 +169,52 @@ CORE: tuple[Option, ...] = (
            bench=False),
 )
 
-_EXTRA: dict[str, Option] = {}  # declared by drafters, by name
+_FEATURES: dict[str, Option] = {}  # declared with register() by drafting features (e.g. the memory)
 
 
-def register(options: Iterable[Option], owner: str | None) -> None:
-    """Add options declared outside this module: a drafter's own (called by
-    :func:`specdec.registry.drafter`), or a drafting feature's (``owner`` None, e.g. the memory).
-    Drafters that share an option (the self and combined drafters' head size) declare the same spec."""
+def register(options: Iterable[Option], owner: str | None = None) -> None:
+    """Add options of a drafting feature that is not a drafter (e.g. the memory's ``--memory``,
+    ``owner`` None). A drafter declares its own in its registration instead
+    (``@drafter(..., options=...)``), where they live and go with it."""
     core = {o.name for o in CORE} | {f.name for f in fields(GenerationOptions)}
     for option in options:
-        if option.name in _EXTRA and replace(_EXTRA[option.name], owner=None) == replace(option, owner=None):
-            continue
-        if option.name in core or option.name in _EXTRA:
+        if option.name in _FEATURES and _FEATURES[option.name] == replace(option, owner=owner):
+            continue  # the same module read twice
+        if option.name in core or option.name in _FEATURES:
             raise ValueError(f"option {option.name!r} of {owner or 'specdec'} is declared twice")
-        _EXTRA[option.name] = replace(option, owner=owner)
+        _FEATURES[option.name] = replace(option, owner=owner)
 
 
 def unregister(owner: str) -> None:
-    """Forget the options ``owner`` declared (with :meth:`specdec.registry.Registry.remove`)."""
-    for name in [n for n, o in _EXTRA.items() if o.owner == owner]:
-        del _EXTRA[name]
+    """Forget the options ``owner`` declared with :func:`register` (a drafter's own options go with
+    its entry: :meth:`specdec.registry.Registry.remove`)."""
+    for name in [n for n, o in _FEATURES.items() if o.owner == owner]:
+        del _FEATURES[name]
+
+
+def declared() -> dict[str, Option]:
+    """Options declared outside this module, by name: every registered drafter's (read from the
+    registry, whose modules are imported first) and the features'. Drafters that share an option
+    (the self and combined drafters' head size) declare the same spec; it is listed once, under
+    the first of them."""
+    from specdec.registry import DRAFTERS
+
+    found = dict(_FEATURES)
+    core = {o.name for o in CORE} | {f.name for f in fields(GenerationOptions)}
+    for entry in DRAFTERS:
+        for option in entry.options:
+            seen = found.get(option.name)
+            if seen is not None and replace(seen, owner=None) == replace(option, owner=None):
+                continue
+            if option.name in core or seen is not None:
+                raise ValueError(f"option {option.name!r} of {entry.name} is declared twice")
+            found[option.name] = option
+    return found
 
 
 def all_options() -> list[Option]:
-    """specdec's options, then every registered drafter's (the registry is read first)."""
-    from specdec.registry import DRAFTERS
-
-    DRAFTERS.names()  # imports the drafter modules, which declare their options
-    return list(CORE) + list(_EXTRA.values())
+    """specdec's options, then every registered drafter's and feature's."""
+    return list(CORE) + list(declared().values())
 
 
 def option(name: str) -> Option:
@@ -240,8 +260,10 @@ class GenerationOptions:
             stop = tuple(stop)
         object.__setattr__(self, "stop", stop)
         # A drafter option left at its default is not stored, so equal requests compare equal
-        # whichever front end spelled them (the CLI passes every flag's default).
-        extra = {k: v for k, v in self.extra.items() if k not in _EXTRA or v != _EXTRA[k].default}
+        # whichever front end spelled them (the CLI passes every flag's default), whatever was
+        # imported before (the declarations are read from the registry, which imports them).
+        known = declared() if self.extra else {}
+        extra = {k: v for k, v in self.extra.items() if k not in known or v != known[k].default}
         object.__setattr__(self, "extra", _Frozen(extra))
 
     @classmethod

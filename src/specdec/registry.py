@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from specdec.errors import SpecdecError
@@ -67,6 +67,21 @@ class Registry(Generic[E]):
 
 
 # -- drafters -----------------------------------------------------------------------------------
+class Unchosen:
+    """The options of a request that chose none (a drafter built directly, as tests do): no tree,
+    and each drafter-declared option at its declared default. Generations pass their
+    :class:`specdec.options.GenerationOptions` instead (that module reads this one, not the reverse)."""
+
+    tree = False
+
+    def __getitem__(self, name: str) -> Any:
+        for entry in DRAFTERS:
+            for option in entry.options:
+                if option.name == name:
+                    return option.default
+        raise SpecdecError(f"unknown drafter option {name!r}")
+
+
 @dataclass
 class DraftRequest:
     """What a drafter may be built from: the target's :class:`~specdec.context.DraftContext`, the
@@ -75,13 +90,7 @@ class DraftRequest:
 
     target: Any  # specdec.context.DraftContext
     draft: Any | None = None  # specdec.context.DraftContext
-    options: Any = None  # specdec.options.GenerationOptions
-
-    def __post_init__(self) -> None:
-        if self.options is None:
-            from specdec.options import GenerationOptions
-
-            self.options = GenerationOptions()
+    options: Any = field(default_factory=Unchosen)  # specdec.options.GenerationOptions
 
     @property
     def tree(self) -> bool:
@@ -97,7 +106,9 @@ class DrafterEntry:
     order: int = 50
     # The draft model must share the target's vocabulary (the CLI checks this before loading).
     same_vocabulary: bool = False
-    options: tuple = ()  # specdec.options.Option: the drafter's own options
+    # The drafter's own options (specdec.options.Option, ``owner`` = this drafter): their one home;
+    # specdec.options reads them from here.
+    options: tuple = ()
 
 
 DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
@@ -108,10 +119,8 @@ def drafter(name: str, help: str, *, needs_draft_model: bool = False, same_vocab
     """Register the decorated ``build(request) -> Drafter`` function under ``name``; ``options``
     (:class:`specdec.options.Option`) are the drafter's own, offered by every front end."""
     def register(build: Callable[[DraftRequest], Any]):
-        from specdec import options as opts
-
-        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, tuple(options)))
-        opts.register(options, name)
+        own = tuple(replace(o, owner=name) for o in options)
+        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, own))
         return build
     return register
 
