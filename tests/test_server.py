@@ -366,3 +366,61 @@ def test_a_drafter_declared_option_is_a_flag_default_and_a_body_field(tiny, tiny
         assert wrong.json()["error"]["param"] == "probe_width"
         typed = http.post("/v1/completions", json={**body, "probe_width": "wide"})
         assert typed.status_code == 400 and typed.json()["error"]["param"] == "probe_width"
+
+
+# -- the routes read the server through a few methods ------------------------------------------------
+class FakeServed:
+    """Only what :class:`specdec.server.routes.Served` names: no model, no metrics registry."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def health(self) -> dict:
+        return {"status": "ok", "model": "fake"}
+
+    def models(self) -> list[dict]:
+        return [{"id": "fake", "object": "model"}]
+
+    def metrics_text(self) -> str:
+        return "fake_metric 1\n"
+
+    def options(self, req, max_tokens):
+        from specdec.options import GenerationOptions
+
+        return GenerationOptions(max_new_tokens=max_tokens or 3)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        self.calls.append(f"chat:{messages[-1]['content']}")
+        return [1, 2]
+
+    async def generate(self, prompt, opts, request, t0):
+        from specdec.api import Output
+        from specdec.stats import GenerationStats
+
+        self.calls.append(f"generate:{prompt}:{opts.max_new_tokens}")
+        return Output("ok", [5], list(prompt), "length", GenerationStats(new_tokens=1))
+
+    async def events(self, prompt, opts, answer, include_usage, t0):
+        yield ""
+        yield "data: [DONE]\n\n"
+
+
+def test_the_routes_need_only_the_servers_few_methods():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from specdec.server.routes import router
+
+    fake = FakeServed()
+    app = FastAPI()
+    app.include_router(router(fake))
+    with TestClient(app) as http:
+        assert http.get("/health").json()["model"] == "fake"
+        assert http.get("/v1/models").json()["data"][0]["id"] == "fake"
+        assert http.get("/metrics").text == "fake_metric 1\n"
+        chat = http.post("/v1/chat/completions", json={"model": "fake", "max_tokens": 4,
+                                                        "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == "ok"
+        streamed = http.post("/v1/completions", json={"model": "fake", "prompt": "x", "stream": True})
+        assert streamed.text == "data: [DONE]\n\n"
+    assert fake.calls == ["chat:hi", "generate:[1, 2]:4"]

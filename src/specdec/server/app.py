@@ -69,6 +69,24 @@ class Server:
     def names(self) -> list[str]:
         return [self.model.name]
 
+    # -- what the routes read (specdec.server.routes.Served) ----------------------------------------
+    def health(self) -> dict:
+        return {"status": "ok", "model": self.model.name, "uptime_s": round(time.time() - self.started, 1)}
+
+    def models(self) -> list[dict]:
+        return [{"id": name, "object": "model", "created": int(self.started), "owned_by": "specdec"}
+                for name in self.names()]
+
+    def metrics_text(self) -> str:
+        return self.metrics.render()
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """A chat's token ids (the model's chat template); a 400 if the template refuses them."""
+        try:
+            return self.model.codec.encode_messages(messages)
+        except SpecdecError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+
     # -- requests -> generations --------------------------------------------------------------------
     def options(self, req: Common, max_tokens: int | None) -> GenerationOptions:
         """The options ``req`` runs with: the server's defaults, OpenAI's fields over them, then
@@ -93,8 +111,10 @@ class Server:
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
-    async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request) -> Output:
-        """The whole answer, in a slot; stops early if the client goes away."""
+    async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
+                       t0: float) -> Output:
+        """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
+        request came (its latency is observed once the answer is complete)."""
         async with self.scheduler.slot():
             run = await anyio.to_thread.run_sync(self._start, prompt, opts)
             try:
@@ -104,7 +124,9 @@ class Server:
                             break
             finally:
                 self.metrics.generation(run.result.stats)
-            return self.model.finish(run, run.result, opts.stop)
+            out = self.model.finish(run, run.result, opts.stop)
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return out
 
     async def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer,
                      include_usage: bool, t0: float) -> AsyncIterator[str]:

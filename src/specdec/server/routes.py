@@ -1,30 +1,52 @@
 """The HTTP routes: ``/v1/completions``, ``/v1/chat/completions`` (streamed as server-sent events
 or not), ``/v1/models``, ``/health`` and ``/metrics``.
 
+The routes read the server through the few methods of :class:`Served` (what
+:class:`specdec.server.app.Server` offers them), never its model or metrics: this module does not
+import the app, the app imports it.
+
 The request types are built when the app is (they carry a field per registered option, see
 :func:`specdec.server.schemas.with_specdec_fields`), so this module does not postpone its
 annotations: FastAPI reads them from the route functions themselves.
 """
 
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdec.errors import SpecdecError
+from specdec.api import Output
+from specdec.options import GenerationOptions
 from specdec.server.errors import ApiError
-from specdec.server.openai import ChatCompletion, Completion
-from specdec.server.schemas import ChatRequest, CompletionRequest, with_specdec_fields
-
-if TYPE_CHECKING:
-    from specdec.server.app import Server
+from specdec.server.openai import Answer, ChatCompletion, Completion
+from specdec.server.schemas import ChatRequest, Common, CompletionRequest, with_specdec_fields
 
 
-def router(server: "Server") -> APIRouter:
+class Served(Protocol):
+    """What the routes ask of the server."""
+
+    def health(self) -> dict: ...
+
+    def models(self) -> list[dict]: ...
+
+    def metrics_text(self) -> str: ...
+
+    def options(self, req: Common, max_tokens: int | None) -> GenerationOptions: ...
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]: ...
+
+    async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
+                       t0: float) -> Output: ...
+
+    def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer, include_usage: bool,
+               t0: float) -> AsyncIterator[str]: ...
+
+
+def router(server: Served) -> APIRouter:
     """The routes of ``server``'s app."""
     routes = APIRouter()
     CompletionBody = with_specdec_fields(CompletionRequest)
@@ -32,16 +54,15 @@ def router(server: "Server") -> APIRouter:
 
     @routes.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": server.model.name, "uptime_s": round(time.time() - server.started, 1)}
+        return server.health()
 
     @routes.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(server.started),
-                                            "owned_by": "specdec"} for name in server.names()]}
+        return {"object": "list", "data": server.models()}
 
     @routes.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return PlainTextResponse(server.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     @routes.post("/v1/completions")
     async def completions(req: CompletionBody, request: Request):
@@ -50,26 +71,19 @@ def router(server: "Server") -> APIRouter:
         answer = Completion(req.model)
         if req.stream:
             return await streamed(server.events(req.prompt, opts, answer, include_usage(req), t0))
-        out = await server.generate(req.prompt, opts, request)
-        server.metrics.latency.observe(time.perf_counter() - t0)
-        return answer.whole(out)
+        return answer.whole(await server.generate(req.prompt, opts, request, t0))
 
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
         t0 = time.perf_counter()
         opts = server.options(req, req.max_completion_tokens if req.max_completion_tokens is not None
                               else req.max_tokens)
-        try:
-            prompt = server.model.codec.encode_messages([{"role": "system" if m.role == "developer" else m.role,
-                                                          "content": m.text()} for m in req.messages])
-        except SpecdecError as exc:
-            raise ApiError(400, str(exc), param="messages") from None
+        prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                                     for m in req.messages])
         answer = ChatCompletion(req.model)
         if req.stream:
             return await streamed(server.events(prompt, opts, answer, include_usage(req), t0))
-        out = await server.generate(prompt, opts, request)
-        server.metrics.latency.observe(time.perf_counter() - t0)
-        return answer.whole(out)
+        return answer.whole(await server.generate(prompt, opts, request, t0))
 
     return routes
 
