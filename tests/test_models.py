@@ -208,3 +208,26 @@ def test_the_qwen_pair_on_llamacpp():
     spec = model.generate(prompt, max_new_tokens=10, drafter="model", policy="fixed", num_draft=3, lookup=False)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.draft_forwards > 0 and model.default_draft_model().name == QWEN_DRAFT
+
+
+def test_folders_with_the_same_tokenizer_files_share_one_tokenizer(tiny_model_dir, tmp_path):
+    """A draft model of the target's family has the target's tokenizer: loaded once, each with its
+    own chat template."""
+    import shutil
+
+    from specdec.models import load_tokenizer
+
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        for name in names:
+            if (tiny_model_dir / name).is_file():
+                shutil.copy(tiny_model_dir / name, folder / name)
+    (b / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    first, second = load_tokenizer(a), load_tokenizer(b)
+    assert first._tokenizer is second._tokenizer  # one vocabulary in memory
+    assert first.chat_template != second.chat_template == (b / "chat_template.jinja").read_text()
+    assert first.encode("hello world") == second.encode("hello world")
+    (b / "tokenizer_config.json").write_text((b / "tokenizer_config.json").read_text().replace("</s>", "<pad>", 1))
+    assert load_tokenizer(b)._tokenizer is not first._tokenizer  # other special tokens: its own
