@@ -246,13 +246,15 @@ def test_the_config_file_builder_takes_the_serve_flags(tiny_model_dir):
     assert (ingress.name, model.name) == ("SpecdecIngress", "SpecdecModel")
     scaling = model._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas) == (1, 3) and model.ray_actor_options["num_cpus"] == 1
-    assert model._deployment_config.request_router_config.request_router_class.endswith("ray_app.PrefixRouter")
+    assert model._deployment_config.request_router_config.request_router_class.endswith("ray_router.PrefixRouter")
     spec = model.init_args[0]
     assert spec.config.slots == 2 and spec.config.defaults.num_draft == 3
     fixed = app({"model": str(tiny_model_dir), "replicas": 3})._bound_deployment.init_args[0]._bound_deployment
     assert fixed.num_replicas == 3
-    with pytest.raises(SpecdecError, match="--min-replicas"):
+    with pytest.raises(SpecdecError, match=r"^min_replicas \(3\) must be <= max_replicas \(2\)$"):
         app({"model": str(tiny_model_dir), "min_replicas": 3, "max_replicas": 2})
+    with pytest.raises(SpecdecError, match="temperature is chosen by each request"):
+        app({"model": str(tiny_model_dir), "temperature": 0.5})
 
 
 def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monkeypatch):
@@ -275,7 +277,8 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
 
 def test_routing_text_and_memory_files(tmp_path):
     from specdec.drafters.memory import NgramMemory
-    from specdec.server.ray_app import PREFIX_CHARS, memory_start, routing_text, save_atomically
+    from specdec.server.ray_app import memory_start, save_atomically
+    from specdec.server.ray_router import PREFIX_CHARS, routing_text
 
     chat = json.dumps({"messages": [{"role": "system", "content": "be terse"},
                                     {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}).encode()
@@ -292,3 +295,59 @@ def test_routing_text_and_memory_files(tmp_path):
     assert memory_start(str(shared), 0) == str(shared)
     assert len(NgramMemory.load(f"{shared}.replica-1")) == len(memory)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.json.replica-1"]  # no temporary left
+
+
+def test_the_router_records_a_prompt_without_stalling_its_event_loop(ray_served, monkeypatch):
+    """The router records each routed prompt in Ray's prefix tree actor. It runs on the event loop
+    that routes every request of the ingress's process: waiting for the actor must let that loop
+    run (``await``), not block it (``ray.get``). The tree here takes 0.5 s to answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import ray
+
+    from specdec.server import ray_router
+    from specdec.server.ray_router import PrefixRouter, Routed
+
+    @ray.remote(num_cpus=0)
+    class SlowTree:
+        def __init__(self) -> None:
+            self.seen = []
+
+        async def insert(self, text, replica, when):
+            await asyncio.sleep(0.5)
+            self.seen.append((text, replica))
+
+        def inserted(self):
+            return self.seen
+
+    replica = SimpleNamespace(replica_id=SimpleNamespace(to_full_id_str=lambda: "replica-1"))
+
+    async def chosen(self, pending_request, *, is_retry=False):
+        return replica
+
+    monkeypatch.setattr(ray_router._PrefixBase, "_choose_replica_for_request", chosen)
+    router = PrefixRouter.__new__(PrefixRouter)  # only the part that is ours: no deployment needed
+    router._tree_actor = tree = SlowTree.remote()
+    ray.get(tree.inserted.remote())  # the actor is up
+    pending = SimpleNamespace(args=[Routed("POST", "/v1/completions", b"", [], b"{}", prompt="hello world")])
+
+    async def route():
+        ticks = 0
+
+        async def other_requests():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        others = asyncio.ensure_future(other_requests())
+        await asyncio.sleep(0)
+        got = await router._choose_replica_for_request(pending)
+        others.cancel()
+        return got, ticks
+
+    got, ticks = asyncio.run(route())
+    assert got is replica
+    assert ray.get(tree.inserted.remote()) == [("hello world", "replica-1")]
+    assert ticks >= 10, f"the loop stood still while the prompt was recorded ({ticks} ticks in 0.5 s)"

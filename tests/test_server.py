@@ -424,3 +424,41 @@ def test_the_routes_need_only_the_servers_few_methods():
         streamed = http.post("/v1/completions", json={"model": "fake", "prompt": "x", "stream": True})
         assert streamed.text == "data: [DONE]\n\n"
     assert fake.calls == ["chat:hi", "generate:[1, 2]:4"]
+
+
+# -- settings by name: the CLI's flags and a Serve config file's args ---------------------------------
+def test_a_config_files_settings_are_the_serve_flags(tiny_model_dir, tiny_draft_dir):
+    from specdec.commands.serve import serve_config
+    from specdec.server.settings import settings_from
+
+    flags = serve_args("--model", str(tiny_model_dir), "--drafter", "model", "--draft-model", str(tiny_draft_dir),
+                       "--num-draft", "3", "--verify", "rejection", "--slots", "2", "--max-tokens", "40")
+    named = settings_from({"model": str(tiny_model_dir), "drafter": "model", "draft_model": str(tiny_draft_dir),
+                           "num_draft": 3, "verify": "rejection", "slots": 2, "max_tokens": 40})
+    assert named.config == serve_config(flags)
+    assert (named.model, named.draft_model) == (flags.model, flags.draft_model)
+    assert named.load == {"backend": "transformers", "dtype": "float32", "exact": None}
+    assert named.scaling.fixed == 2 and not named.scaling.autoscaled
+    assert settings_from({"min_replicas": 1, "max_replicas": 3}).scaling.fixed is None
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"temperature": 0.5}, "temperature is chosen by each request, not by the server"),
+    ({"prot": 80}, "unknown setting 'prot': use one of "),
+    ({"num_draft": 0}, "num_draft must be >= 1, got 0"),
+    ({"slots": "4"}, "slots must be a whole number >= 1, got '4'"),
+    ({"replicas": 2, "max_replicas": 3}, "give replicas or min_replicas/max_replicas, not both"),
+    ({"replica_cpus": -1}, "replica_cpus must be >= 0, got -1"),
+    ({"routing": "random"}, "routing must be one of prefix, default, got 'random'"),
+    ({"backend": "onnx"}, "backend must be one of "),
+    ({"drafter": "ngram", "draft_model": "x"}, "draft_model is only used with a drafter that runs a model"),
+    ({"model": "some/folder", "drafter": "model"}, "drafter model needs draft_model (some/folder names no default"),
+])
+def test_a_config_files_mistake_is_one_message_before_anything_loads(values, message, no_loading):
+    from specdec.errors import SpecdecError
+    from specdec.server.settings import settings_from
+
+    with pytest.raises(SpecdecError) as raised:
+        settings_from(values)
+    assert str(raised.value).startswith(message), str(raised.value)
+    assert no_loading == []

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from specdec.commands.common import add_generation_options, add_model_options, check_positive, generation_options, \
     load_options, quiet_libraries
 from specdec.errors import SpecdecError
+from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, as_flag
 
 if TYPE_CHECKING:
-    from specdec.server.app import ServeConfig
+    from specdec.server.settings import ServeConfig
 
 NAME = "serve"
-PER_REQUEST = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 ORDER = 5
 
 
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     ray.add_argument("--replica-cpus", type=float, default=None, metavar="N",
                      help="CPUs Ray reserves for each model replica, so a cluster spreads them over nodes "
                           "(default: 0, any number on one machine)")
-    ray.add_argument("--routing", choices=("prefix", "default"), default="prefix",
+    ray.add_argument("--routing", choices=ROUTINGS, default="prefix",
                      help="prefix: a prompt goes to the replica that served its prefix while it is not overloaded "
                           "(default); default: Ray Serve's own routing (power of two choices)")
     ray.add_argument("--address", default=None,
@@ -72,7 +72,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def check_ray(args: argparse.Namespace) -> None:
-    """The Ray flags: only with --ray, replicas >= 1, min <= max; Ray itself installed."""
+    """The Ray flags: only with --ray, and as the server's settings check them; Ray itself installed."""
     given = [f for f, v in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
                             ("--max-replicas", args.max_replicas), ("--replica-cpus", args.replica_cpus),
                             ("--address", args.address)) if v is not None]
@@ -80,19 +80,14 @@ def check_ray(args: argparse.Namespace) -> None:
         if given:
             raise SpecdecError(f"{given[0]} needs --ray")
         return
-    for flag, value in (("--replicas", args.replicas), ("--min-replicas", args.min_replicas),
-                        ("--max-replicas", args.max_replicas)):
-        if value is not None:
-            check_positive(value, flag)
-    if args.replica_cpus is not None and args.replica_cpus < 0:
-        raise SpecdecError(f"--replica-cpus must be >= 0, got {args.replica_cpus}")
-    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
-        raise SpecdecError("give --replicas or --min-replicas/--max-replicas, not both")
-    if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
-        raise SpecdecError(f"--min-replicas ({args.min_replicas}) must be <= --max-replicas ({args.max_replicas})")
+    scaling(args).check(spell=as_flag)
     from specdec.server.ray_app import ray_modules
 
     ray_modules()
+
+
+def scaling(args: argparse.Namespace) -> Scaling:
+    return Scaling(args.replicas, args.min_replicas, args.max_replicas, args.replica_cpus, args.routing)
 
 
 def check_port(host: str, port: int) -> None:
@@ -107,9 +102,9 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """The server's :class:`~specdec.server.app.ServeConfig` from checked flags: every drafting
+    """The server's :class:`~specdec.server.settings.ServeConfig` from checked flags: every drafting
     flag (``--verify`` and drafters' own options included) is the default of requests."""
-    from specdec.server.app import ServeConfig
+    from specdec.server.settings import ServeConfig
 
     return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch)
 
@@ -163,10 +158,10 @@ def run_ray(args: argparse.Namespace) -> int:
     ray.init(address=args.address, logging_level="warning", log_to_driver=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        replicas = None if args.min_replicas or args.max_replicas else (args.replicas or 2)
+        chosen = scaling(args)
         print("starting the replicas (each loads and calibrates the model) ...", file=sys.stderr)
-        serve.run(deployments(spec, replicas, args.min_replicas, args.max_replicas,
-                              replica_cpus=args.replica_cpus or 0.0, routing=args.routing), name="specdec",
+        serve.run(deployments(spec, chosen.fixed, chosen.min_replicas, chosen.max_replicas,
+                              replica_cpus=chosen.replica_cpus or 0.0, routing=chosen.routing), name="specdec",
                   route_prefix="/")
         print(f"serving {args.model} on Ray at http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
         while True:

@@ -1,5 +1,5 @@
 """The OpenAI-compatible server: :class:`Server` (a loaded model, and optional draft model, behind
-the API), its :class:`ServeConfig`, and :func:`serve_forever`.
+the API, set up by a :class:`~specdec.server.settings.ServeConfig`) and :func:`serve_forever`.
 
 The app is put together from :mod:`.routes` (the HTTP routes), :mod:`.schemas` (request bodies),
 :mod:`.openai` (answers, chunks, usage), :mod:`.scheduler` (slots, and one target forward at a
@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field
 
 import anyio
 from fastapi import FastAPI, Request
@@ -29,18 +28,8 @@ from specdec.server.openai import FINISH, Answer, sse
 from specdec.server.routes import router
 from specdec.server.scheduler import Scheduler
 from specdec.server.schemas import Common, specdec_fields
+from specdec.server.settings import ServeConfig
 from specdec.text import StopStrings, TextDeltas
-
-
-@dataclass
-class ServeConfig:
-    """The options of requests that do not choose, and the server's limits."""
-
-    defaults: GenerationOptions = field(default_factory=GenerationOptions)  # drafting (sampling: OpenAI's)
-    slots: int = 4  # generations in progress at once (each holds a KV cache)
-    max_tokens: int = 256  # when a request gives no max_tokens
-    max_body: int = 1 << 20  # bytes
-    batch: bool | None = None  # step generations in one forward (None: where the backend can)
 
 
 class Server:

@@ -5,38 +5,41 @@ Two deployments make the application:
 - ``SpecdecModel`` (``--replicas N``, or autoscaled between ``--min-replicas`` and
   ``--max-replicas`` on queue length): each replica loads the model and runs the very app
   :meth:`specdec.server.app.Server.app` builds for the single-process server (routes, errors,
-  metrics, body limit), called in-process as an ASGI app; its answers carry the replica's id in an
-  ``X-Specdec-Replica`` header.
-- ``SpecdecIngress`` (the HTTP entry point): reads a request (up to the body limit), takes the
-  prompt's text out of a completion or chat body and hands the request to a model replica through a
-  deployment handle. The handle routes with :class:`PrefixRouter`, Ray Serve's
-  ``PrefixCacheAffinityRouter``: a request whose prompt shares a prefix with earlier ones goes to
-  the replica that served them while the queue lengths differ by at most ``imbalanced_threshold``,
-  otherwise to the less loaded of two replicas. A replica that dies under a request ends it with a
-  clean OpenAI-style 503 (or, once a stream has started, a final ``error`` event); Ray Serve starts
-  a new replica.
+  metrics, body limit), called in-process for each request the ingress hands it
+  (:mod:`specdec.server.asgi_call`, which says why Ray Serve's FastAPI ingress cannot be used
+  there); its answers carry the replica's id in an ``X-Specdec-Replica`` header.
+- ``SpecdecIngress`` (the HTTP entry point, a FastAPI ingress): reads a request (up to the body
+  limit), takes the prompt's text out of a completion or chat body and hands the request to a
+  model replica through a deployment handle that routes by prompt prefix
+  (:mod:`specdec.server.ray_router`). A replica that dies under a request ends it with a clean
+  OpenAI-style 503 (or, once a stream has started, a final ``error`` event); Ray Serve starts a
+  new replica.
 
 Learned state: every replica has its own n-gram memory, acceptance estimates and cost curve. With
 ``--memory FILE``, replica of rank r starts from ``FILE.replica-r`` if it exists (what the replica
 of that rank learned before it was restarted), else from ``FILE``, and writes ``FILE.replica-r``
 (atomically, every ``save_every`` seconds and when it stops): no two replicas write one file, and
 ``FILE`` itself is only read.
+
+:func:`app` is the application of a Ray Serve config file (``import_path:
+specdec.server.ray_app:app``); its ``args`` are read by :func:`specdec.server.settings.settings_from`.
 """
 
 import asyncio
 import json
 import os
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
+from specdec.server.asgi_call import AsgiCall, Lifespan
+from specdec.server.ray_router import PrefixRouter, Routed, routing_text
+from specdec.server.settings import DEFAULT_REPLICAS, ServeConfig, settings_from
 
 
-PREFIX_CHARS = 2000  # the routing key: the prompt's first characters
 REPLICA_HEADER = "x-specdec-replica"
 
 
@@ -59,52 +62,9 @@ class ModelSpec:
     load: dict[str, Any] = field(default_factory=dict)
     draft_model: str | None = None
     memory: str | None = None  # FILE: replicas start from it and write FILE.replica-<rank>
-    config: Any = None  # ServeConfig
+    config: ServeConfig = field(default_factory=ServeConfig)
     save_every: float = 60.0  # seconds between memory saves
     torch_threads: int | None = None
-
-
-@dataclass
-class Routed:
-    """An HTTP request as the ingress hands it to a model replica. ``prompt`` is the routing key
-    (Ray's prefix router reads an argument's ``prompt``); None for requests without one."""
-
-    method: str
-    path: str
-    query: bytes
-    headers: list[tuple[bytes, bytes]]
-    body: bytes
-    prompt: str | None = None
-
-
-def routing_text(path: str, body: bytes) -> str | None:
-    """The text requests are routed by: a completion's prompt, a chat's messages' text."""
-    if not path.endswith("completions"):
-        return None
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    text: Any = None
-    if path.endswith("chat/completions"):
-        messages = data.get("messages")
-        if isinstance(messages, list):
-            parts = []
-            for m in messages:
-                content = m.get("content") if isinstance(m, dict) else None
-                if isinstance(content, list):
-                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict)
-                                      and isinstance(p.get("text"), str))
-                if isinstance(content, str):
-                    parts.append(f"{m.get('role')}:{content}\n")
-            text = "".join(parts)
-    else:
-        text = data.get("prompt")
-        if isinstance(text, list):
-            text = json.dumps(text)
-    return text[:PREFIX_CHARS] if isinstance(text, str) and text else None
 
 
 # -- memory: one file per replica rank -------------------------------------------------------------
@@ -125,88 +85,6 @@ def save_atomically(mem, path: str) -> None:
 
 
 # -- the replica: the single-process app, called in-process -----------------------------------------
-class AsgiCall:
-    """One request through an ASGI app, its response as ("start", status, headers) then body bytes."""
-
-    def __init__(self, app, req: Routed, extra_headers: list[tuple[bytes, bytes]]) -> None:
-        self.app = app
-        self.req = req
-        self.extra = extra_headers
-        self.gone = asyncio.Event()
-        self.out: asyncio.Queue = asyncio.Queue()
-        self.sent_body = False
-
-    async def receive(self) -> dict:
-        if not self.sent_body:
-            self.sent_body = True
-            return {"type": "http.request", "body": self.req.body, "more_body": False}
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            await self.out.put(("start", message["status"], list(message.get("headers", [])) + self.extra))
-        elif message["type"] == "http.response.body":
-            if message.get("body"):
-                await self.out.put(bytes(message["body"]))
-            if not message.get("more_body", False):
-                await self.out.put(None)
-
-    async def __aiter__(self) -> AsyncIterator:
-        req = self.req
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": req.method,
-                 "scheme": "http", "path": req.path, "raw_path": req.path.encode(), "query_string": req.query,
-                 "root_path": "", "headers": req.headers, "client": ("127.0.0.1", 0),
-                 "server": ("127.0.0.1", 80)}
-
-        failure: list[BaseException] = []
-
-        async def run():
-            try:
-                await self.app(scope, self.receive, self.send)
-            except Exception as exc:  # noqa: BLE001 - Starlette answered 500 already, if it could
-                failure.append(exc)
-            finally:
-                await self.out.put(None)
-
-        task = asyncio.ensure_future(run())
-        started = False
-        try:
-            while True:
-                item = await self.out.get()
-                if item is None:
-                    break
-                started = True
-                yield item
-            await task
-            if not started:  # no answer at all: the ingress turns this into a 500 JSON error
-                raise RuntimeError(f"the app gave no answer ({failure[0]!r})" if failure else "the app gave no answer")
-        finally:
-            self.gone.set()  # the client went away (or the answer is complete)
-            if not task.done():
-                await asyncio.wait_for(asyncio.shield(task), 30)
-
-
-class Lifespan:
-    """Runs an ASGI app's lifespan start-up (its shutdown half goes with the replica's process)."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.started = asyncio.Event()
-        self.task = None
-
-    async def start(self) -> None:
-        async def send(message):
-            if message["type"].startswith("lifespan.startup"):
-                self.started.set()
-
-        await self.inbox.put({"type": "lifespan.startup"})
-        self.task = asyncio.ensure_future(self.app({"type": "lifespan", "asgi": {"version": "3.0"}},
-                                                   self.inbox.get, send))
-        await self.started.wait()
-
-
 class ModelReplica:
     """One model replica (the deployment's class): the single-process server's app, in-process."""
 
@@ -331,7 +209,7 @@ def build_ingress(max_body: int):
     return app, Ingress
 
 
-def deployments(spec: ModelSpec, replicas: int | None = 2, min_replicas: int | None = None,
+def deployments(spec: ModelSpec, replicas: int | None = DEFAULT_REPLICAS, min_replicas: int | None = None,
                 max_replicas: int | None = None, imbalanced_threshold: int = 2, target_ongoing: float = 2.0,
                 replica_cpus: float = 0.0, routing: str = "prefix"):
     """The Ray Serve application (bind it with ``serve.run``); ``routing`` "prefix" (the prefix-
@@ -360,62 +238,16 @@ def deployments(spec: ModelSpec, replicas: int | None = 2, min_replicas: int | N
     return ingress.bind(model.bind(spec))
 
 
-try:  # ray.serve.llm.request_router re-exports it, but that module needs pyarrow (ray[llm]); Ray is pinned
-    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import \
-        PrefixCacheAffinityRouter as _PrefixBase
-except ImportError:  # without Ray this module still imports (``specdec serve --ray`` says what is missing)
-    _PrefixBase = object
-
-
-class PrefixRouter(_PrefixBase):
-    """Ray's prefix-affinity router on :class:`Routed` requests: requests without a prompt
-    (health, models, metrics, bad bodies) go by load alone."""
-
-    def _extract_text_from_request(self, pending_request):
-        for arg in pending_request.args:  # by shape: the ingress's Routed may be a by-value copy of the class
-            if hasattr(arg, "prompt") and hasattr(arg, "body"):
-                return arg.prompt or None
-        return None
-
-    async def _choose_replica_for_request(self, pending_request, *, is_retry: bool = False):
-        # Ray calls on_request_routed (which records the prompt against the replica) only with
-        # strict max_ongoing_requests, off by default: record every routed prompt here instead.
-        replica = await super()._choose_replica_for_request(pending_request, is_retry=is_retry)
-        text = self._extract_text_from_request(pending_request)
-        if text:
-            import ray
-
-            ray.get(self._tree_actor.insert.remote(text, replica.replica_id.to_full_id_str(), time.time()))
-        return replica
-
-    def on_request_routed(self, pending_request, replica_id, result) -> None:
-        pass  # recorded above
-
-
 def app(args: dict[str, Any]):
     """The application for a Ray Serve config file (``import_path: specdec.server.ray_app:app``,
-    e.g. a KubeRay RayService): ``args`` holds ``specdec serve``'s flags by name (``model``,
+    e.g. a KubeRay RayService): ``args`` holds ``specdec serve``'s settings by name (``model``,
     ``backend``, ``dtype``, ``memory``, ``slots``, ``max_tokens``, ``replicas`` or
-    ``min_replicas``/``max_replicas``, and drafting defaults such as ``drafter``, ``num_draft``)."""
-    from specdec.cli import build_parser
-
-    argv = ["serve", "--ray"]
-    for key, value in (args or {}).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False:
-            argv.append("--no-" + key.replace("_", "-"))
-        elif value is not None:
-            argv += [flag, str(value)]
-    parsed = build_parser().parse_args(argv)
-    from specdec.commands.serve import check_ray, generation_options, serve_config
-
-    parsed.options = generation_options(parsed)
-    check_ray(parsed)
-    spec = ModelSpec(model=parsed.model, load={"dtype": parsed.dtype, "backend": parsed.backend,
-                                               "exact": parsed.exact},
-                     draft_model=parsed.draft_model, memory=parsed.memory, config=serve_config(parsed))
-    replicas = None if parsed.min_replicas or parsed.max_replicas else (parsed.replicas or 2)
-    return deployments(spec, replicas, parsed.min_replicas, parsed.max_replicas,
-                       replica_cpus=parsed.replica_cpus or 0.0, routing=parsed.routing)
+    ``min_replicas``/``max_replicas``, and drafting defaults such as ``drafter``, ``num_draft``),
+    read by :func:`specdec.server.settings.settings_from`."""
+    settings = settings_from(args)
+    ray_modules()
+    spec = ModelSpec(model=settings.model, load=settings.load, draft_model=settings.draft_model,
+                     memory=settings.memory, config=settings.config)
+    scaling = settings.scaling
+    return deployments(spec, scaling.fixed, scaling.min_replicas, scaling.max_replicas,
+                       replica_cpus=scaling.replica_cpus or 0.0, routing=scaling.routing)
