@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from specdec.costs import CostModel, measure_forward_costs, measure_switch
@@ -162,11 +164,34 @@ def test_the_switch_follows_the_unit():
     assert costs.switch == pytest.approx(0.15, rel=0.02)
 
 
-def test_measure_switch_restores_the_cache():
-    backend = ToyLM(8, 2).backend()
-    steady, switch = measure_switch(backend, [1, 2, 3, 4], repeats=2)
-    assert steady > 0 and switch >= 0
+SWITCH_S = 0.004  # what the backend below charges for a shape switch
+
+
+def switching(backend):
+    """``backend`` made to pay SWITCH_S for a one-token forward right after a wider one, as
+    llama.cpp pays for re-planning its graph."""
+    extend = backend.extend
+    last = [1]
+
+    def timed(tokens, **kwargs):
+        if len(tokens) == 1 and last[0] > 1:
+            time.sleep(SWITCH_S)
+        last[0] = len(tokens)
+        return extend(tokens, **kwargs)
+
+    backend.extend = timed
+    return backend
+
+
+def test_measure_switch_finds_the_switch_and_restores_the_cache():
+    backend = switching(ToyLM(8, 2).backend())
+    steady, switch = measure_switch(backend, [1, 2, 3, 4], repeats=3)
+    assert 0 < steady < SWITCH_S / 2
+    assert SWITCH_S * 0.75 < switch < SWITCH_S * 5  # sleep() never returns early; a busy machine adds
     assert backend.tokens == [1, 2, 3, 4]
+    # negative control: the same backend without the charge shows (almost) none
+    _, none = measure_switch(ToyLM(8, 2).backend(), [1, 2, 3, 4], repeats=3)
+    assert none < SWITCH_S * 0.75
 
 
 class PricedDrafter:

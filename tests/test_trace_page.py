@@ -13,7 +13,7 @@ import pytest
 
 import specdec
 from specdec.trace import document
-from specdec.views.browser import chromium
+from specdec.views.browser import BROWSERS, DRIVERS, chromium, find
 from specdec.views.files import save
 
 PROMPT = "the quick brown fox the quick brown dog the quick brown cat the quick brown"
@@ -21,6 +21,9 @@ PROMPT = "the quick brown fox the quick brown dog the quick brown cat the quick 
 
 @pytest.fixture(scope="module")
 def browser():
+    if find(BROWSERS) is None or find(DRIVERS) is None:
+        pytest.skip("no system Chromium: install Debian's chromium and chromium-driver (make test does)")
+    pytest.importorskip("selenium", reason="the page tests drive Chromium with selenium (the dev extra)")
     driver = chromium()
     yield driver
     driver.quit()
