@@ -462,3 +462,28 @@ def test_a_config_files_mistake_is_one_message_before_anything_loads(values, mes
         settings_from(values)
     assert str(raised.value).startswith(message), str(raised.value)
     assert no_loading == []
+
+
+def test_two_threads_calibrate_the_cost_model_once(tiny, monkeypatch):
+    """The server's first requests run in threads: the cost model is measured once, not once each."""
+    import threading
+
+    from specdec import api
+
+    model = tiny
+    monkeypatch.setattr(model, "_costs", None)  # not measured yet (restored after the test)
+    calls = []
+
+    def calibrated(key, backend, context):
+        calls.append(key)
+        time.sleep(0.3)
+        return object()
+
+    monkeypatch.setattr(api, "calibrated", calibrated)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(model.cost_model())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got[0] is got[1]

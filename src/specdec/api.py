@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.backends.base import Backend
-from specdec.context import DraftContext, Learned, LearnedSlot
+from specdec.context import DraftContext, Learned
 from specdec.costs import CostModel, calibrated
 from specdec.cpu import machine_tag
 from specdec.drafters.base import Drafter
@@ -142,6 +142,7 @@ class Model:
         self.cost_key = cost_key
         self.hf_model = hf_model
         self._costs: CostModel | None = None
+        self._costs_lock = threading.Lock()  # the server's threads: one calibration, not one each
         self._learned = Learned()
         self._logit_width: int | None = None
         self.kernel_tuning = None  # set by from_hf(tune_kernels=True): call .undo() to restore
@@ -259,10 +260,6 @@ class Model:
         # of a batch, so running sequences 0, 2, 4 cost three forwards where 0, 1, 2 cost one.
         self.pool = BackendPool(shared.backend, max_idle=slots, order=lambda backend: backend.slot)
 
-    def shared(self, key: str, make: Callable[[], Any]) -> Any:
-        """State kept across this model's generations (e.g. a drafter's learned acceptance table)."""
-        return self._learned.get(LearnedSlot(key, make))
-
     @property
     def learned(self) -> Learned:
         """Everything drafters learned on this model, by slot. A benchmark swaps it per method (and
@@ -316,10 +313,12 @@ class Model:
     def cost_model(self) -> CostModel:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""
         if self._costs is None:
-            key = f"{self.name}-{self.backend_name}-{self.cost_key}-{machine_tag()}"
-            context = (self.codec.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
-            with self.pool.lease() as backend:
-                self._costs = calibrated(key, backend, context)
+            with self._costs_lock:
+                if self._costs is None:
+                    key = f"{self.name}-{self.backend_name}-{self.cost_key}-{machine_tag()}"
+                    context = (self.codec.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
+                    with self.pool.lease() as backend:
+                        self._costs = calibrated(key, backend, context)
         return self._costs
 
     # -- generation -----------------------------------------------------------------------------
