@@ -11,11 +11,28 @@ from __future__ import annotations
 import time
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
-from specdec.backends.base import Backend
 from specdec.cache import JsonCache
 
-def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Sequence[int],
+
+class Timed(Protocol):
+    """What measuring forwards needs of a model: a cache to fill, extend and roll back (every
+    :class:`specdec.backends.base.Backend` has it)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def extend(self, tokens: Sequence[int]) -> object: ...
+
+    def truncate(self, length: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def prefill(self, tokens: Sequence[int]) -> int: ...
+
+
+def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequence[int],
                           repeats: int = 3) -> dict[int, float]:
     """Fastest seconds of one ``extend`` of n tokens after ``context``, for each n in ``sizes``.
 
@@ -37,7 +54,7 @@ def measure_forward_costs(backend: Backend, context: Sequence[int], sizes: Seque
     return {n: min(v) for n, v in samples.items()}
 
 
-def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, other: int = 4) -> tuple[float, float]:
+def measure_switch(backend: Timed, context: Sequence[int], repeats: int = 5, other: int = 4) -> tuple[float, float]:
     """(steady, switch): median seconds of a one-token ``extend`` right after another one-token
     forward, and how much longer it takes right after a forward of ``other`` tokens.
 
@@ -60,7 +77,7 @@ def measure_switch(backend: Backend, context: Sequence[int], repeats: int = 5, o
     return one, max(0.0, min(after) - one)
 
 
-def _at(backend: Backend, context: Sequence[int]) -> tuple[int, list[int]]:
+def _at(backend: Timed, context: Sequence[int]) -> tuple[int, list[int]]:
     """Put ``backend``'s cache at ``context``; its length, and the tokens timed forwards feed."""
     backend.reset()
     backend.prefill(context)
@@ -83,6 +100,32 @@ class Ema:
     def add(self, x: float) -> None:
         x = min(max(x, self.value / self.clip), self.value * self.clip) if self.value > 0 else x
         self.value += self.weight * (x - self.value)
+
+
+class Costs(Protocol):
+    """What a policy reads of forward costs: :class:`CostModel` (the model's measured curve) or a
+    view of it, such as the marginal cost of one sequence's rows in a batch that
+    :meth:`specdec.backends.base.Backend.forward_costs` gives."""
+
+    @property
+    def unit(self) -> float:
+        """Seconds of a steady one-token forward."""
+
+    @property
+    def switch(self) -> float:
+        """Extra seconds of a one-token forward right after a forward of another size."""
+
+    def forward(self, n: int) -> float:
+        """Estimated seconds for a forward of ``n`` new tokens."""
+
+    def step(self, n: int) -> float:
+        """Estimated seconds a step verifying ``n`` tokens costs against plain decoding."""
+
+    def ratio(self, n: int) -> float:
+        """Cost of a forward of ``n`` tokens relative to one token."""
+
+    def observe(self, n: int, seconds: float, after: int | None = None) -> None:
+        """Learn from one timed forward of ``n`` new tokens (a view may leave it to the curve)."""
 
 
 class CostModel:
@@ -195,7 +238,7 @@ class CostModel:
 CALIBRATION_SIZES = tuple(range(1, 17))
 
 
-def calibrated(key: str, backend: Backend, context: Sequence[int], repeats: int = 5) -> CostModel:
+def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int = 5) -> CostModel:
     """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine.
 
     Measurements are cached as JSON under the specdec cache (``costs/``); a missing or corrupt

@@ -6,17 +6,13 @@ new file implementing these members, registered with :func:`specdec.registry.bac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
 
 from specdec import tree as trees
-
-if TYPE_CHECKING:
-    from specdec.costs import CostModel
+from specdec.costs import CostModel, Costs
 
 
 class Backend(ABC):
@@ -72,7 +68,7 @@ class Backend(ABC):
             self.extend(tokens, last_only=True)
         return 0
 
-    def forward_costs(self, costs: CostModel) -> CostModel:
+    def forward_costs(self, costs: CostModel) -> Costs:
         """What a forward of n new tokens costs *this sequence*, given the model's measured curve:
         the curve itself, unless the backend runs its forwards in a batch with other sequences'
         (then the marginal cost of its rows on top of theirs)."""
