@@ -26,7 +26,7 @@ def weights(request):
 
 
 def test_rollback_is_exact(weights):
-    assert twin_rollback_walk(weights.backend, 5000, seed=0, steps=14, low=100) == 14
+    assert twin_rollback_walk(lambda: LlamaCppBackend(weights), 5000, seed=0, steps=14, low=100) == 14
 
 
 def test_the_exact_rollback_test_catches_a_cache_that_keeps_rolled_back_tokens(weights):
@@ -40,7 +40,7 @@ def test_the_exact_rollback_test_catches_a_cache_that_keeps_rolled_back_tokens(w
 
 
 def test_prefill_longer_than_a_batch(weights):
-    backend = weights.backend()
+    backend = LlamaCppBackend(weights)
     ids = [100 + i % 50 for i in range(weights.n_batch + 37)]
     backend.prefill(ids)
     assert backend.length == len(ids)
@@ -58,14 +58,14 @@ def test_api_generate_on_llamacpp():
 def test_context_overflow_is_a_clear_error():
     weights = load_llamacpp(str(resolve("smollm2-135m", need_hf=False).gguf), n_ctx=64)
     with pytest.raises(specdec.SpecdecError, match="context of 64"):
-        weights.backend().extend(list(range(100, 170)))
+        LlamaCppBackend(weights).extend(list(range(100, 170)))
     with pytest.raises(specdec.SpecdecError, match="context of 64 tokens"):
-        decode(weights.backend(), list(range(100, 150)), DecodeConfig(max_new_tokens=20))
+        decode(LlamaCppBackend(weights), list(range(100, 150)), DecodeConfig(max_new_tokens=20))
 
 
 def test_out_of_vocabulary_ids_are_refused_not_wrapped(weights):
     with pytest.raises(specdec.SpecdecError, match="token ids must be in"):
-        weights.backend().extend([2**40])
+        LlamaCppBackend(weights).extend([2**40])
 
 
 def _tree_twins(weights, backend_class=LlamaCppBackend):

@@ -19,7 +19,7 @@ pytest.importorskip("llama_cpp")
 import specdec  # noqa: E402
 from conftest import spec_bench_prompts  # noqa: E402
 from specdec import tree as trees  # noqa: E402
-from specdec.backends.llamacpp import has_llamafile, load_llamacpp  # noqa: E402
+from specdec.backends.llamacpp import LlamaCppBackend, has_llamafile, load_llamacpp  # noqa: E402
 from specdec.models import resolve  # noqa: E402
 
 pytestmark = [pytest.mark.real,
@@ -50,7 +50,7 @@ def windows_identical(weights, seed: int = 0, count: int = 14) -> list[bool]:
     forwards? The cache is rolled back between windows (rollback is exact, tested elsewhere)."""
     rng = random.Random(seed)
     seq = random_tokens(rng, PREFIX + 8)
-    backend = weights.backend()
+    backend = LlamaCppBackend(weights)
     # Filled by a forward of the exact kernels (a prompt may take others: test_llamacpp_prompt.py),
     # so that windows can roll back anywhere in it.
     backend.extend(seq[:PREFIX], last_only=True)
@@ -85,7 +85,7 @@ def test_every_tree_node_equals_one_token_forwards_along_its_path(weights):
     prefix = random_tokens(rng, 300)
     parents = [-1, -1, 0, 0, 1, 2, 2, 3, 5, 5, 6, 9]
     tokens = random_tokens(rng, len(parents))
-    backend = weights.backend()
+    backend = LlamaCppBackend(weights)
     backend.prefill(prefix)
     tree_rows = backend.extend(tokens, tree=parents)
     backend.truncate(len(prefix))
@@ -108,7 +108,7 @@ def test_after_a_tree_the_kept_path_decodes_as_plain_decoding_does(name):
     prefix = random_tokens(rng, 60)
     parents = [-1, -1, 0, 1, 2, 3, 4, 5]  # two chains, interleaved in the batch
     kept_path = trees.path_to(parents, 7)  # the second root's chain: nodes 1, 3, 5, 7
-    spec, ref = weights.backend(), weights.backend()
+    spec, ref = LlamaCppBackend(weights), LlamaCppBackend(weights)
     spec.prefill(prefix)
     ref.prefill(prefix)
     recomputed = False

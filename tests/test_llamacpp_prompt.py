@@ -18,7 +18,7 @@ pytest.importorskip("llama_cpp")
 
 from conftest import spec_bench_prompts  # noqa: E402
 import specdec  # noqa: E402
-from specdec.backends.llamacpp import has_llamafile, load_llamacpp  # noqa: E402
+from specdec.backends.llamacpp import LlamaCppBackend, has_llamafile, load_llamacpp  # noqa: E402
 from specdec.backends.llamacpp_batched import SharedSequences  # noqa: E402
 from specdec.backends.llamacpp_prompt import PromptRunner  # noqa: E402
 from specdec.models import resolve  # noqa: E402
@@ -84,23 +84,23 @@ def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
     repacked = gemma.prompt
     gemma.prompt = None
     try:
-        reference = steps(gemma.backend(), prompt, follow)  # the prompt as one exact forward
-        gemma.prompt = PromptRunner(gemma, gemma.model, repacked.lib)
-        copied = steps(gemma.backend(), prompt, follow)
+        reference = steps(LlamaCppBackend(gemma), prompt, follow)  # the prompt as one exact forward
+        gemma.prompt = PromptRunner(gemma.model, gemma.kernels, gemma.n_batch, gemma.n_threads)
+        copied = steps(LlamaCppBackend(gemma), prompt, follow)
     finally:
         if gemma.prompt is not None:
             gemma.prompt.model = None  # the exact weights are not the runner's to free
             gemma.prompt.close()
         gemma.prompt = repacked
     assert torch.equal(copied, reference)
-    assert not torch.equal(steps(gemma.backend(), prompt, follow), reference)  # the repacked runner's own
+    assert not torch.equal(steps(LlamaCppBackend(gemma), prompt, follow), reference)  # the repacked runner's own
 
 
 def test_the_same_prompt_gives_the_same_cache_alone_and_among_batched_sequences(gemma):
     prompts = [tokens(10 + i, n) for i, n in enumerate((120, 600, 260))]  # 600: past the 512-cell window
     follow = tokens(2, 4)
-    alone = [steps(gemma.backend(), p, follow) for p in prompts]
-    assert steps(gemma.backend(), prompts[0], follow).equal(alone[0])  # and again alone
+    alone = [steps(LlamaCppBackend(gemma), p, follow) for p in prompts]
+    assert steps(LlamaCppBackend(gemma), prompts[0], follow).equal(alone[0])  # and again alone
     got = batched(gemma, prompts, follow)
     for i in range(3):
         assert torch.equal(got[i], alone[i]), i
@@ -108,13 +108,13 @@ def test_the_same_prompt_gives_the_same_cache_alone_and_among_batched_sequences(
 
 def test_a_rollback_below_the_sliding_window_copy_recomputes_the_prompt(gemma):
     prompt = tokens(3, 700)
-    backend = gemma.backend()
+    backend = LlamaCppBackend(gemma)
     backend.prefill(prompt)
     backend.extend(tokens(4, 3))
     backend.truncate(250)  # layers with a 512-token window need cells the copy did not bring
     assert backend.length == 250
     deep = backend.extend([777])
-    fresh = gemma.backend()
+    fresh = LlamaCppBackend(gemma)
     fresh.prefill(prompt[:250])
     assert torch.equal(deep, fresh.extend([777]))
     backend.truncate(251)
@@ -144,7 +144,7 @@ def smol():
 def cold(weights, prompt: list[int], follow: list[int]) -> torch.Tensor:
     cache, weights.prompts = weights.prompts, None
     try:
-        return steps(weights.backend(), prompt, follow)
+        return steps(LlamaCppBackend(weights), prompt, follow)
     finally:
         weights.prompts = cache
 
@@ -154,7 +154,7 @@ def test_a_prompt_that_begins_like_a_recent_one_gets_its_cold_logits(smol):
     first, second = system + tokens(22, 30), system + tokens(23, 45)
     expected = [cold(smol, p, follow) for p in (first, second, system[:50])]
     hits, saved = smol.prompts.hits, smol.prompts.tokens_saved
-    got = [steps(smol.backend(), p, follow) for p in (first, second, system[:50])]
+    got = [steps(LlamaCppBackend(smol), p, follow) for p in (first, second, system[:50])]
     assert smol.prompts.hits == hits + 2  # second (70 tokens of first) and system[:50] (all of it)
     assert smol.prompts.tokens_saved == saved + 70 + 50
     for g, e in zip(got, expected):

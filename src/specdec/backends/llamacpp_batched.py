@@ -9,7 +9,7 @@ is tested against: it only waits at its forward for the others' rows. A sequence
 first forward after a reset and leaves when its backend goes back to the pool; a tick waits for
 every running sequence, but not longer than ``gather_s`` for one that is busy elsewhere.
 
-With exact kernels (:data:`specdec.backends.llamacpp.EXACT`) a row's logits do not depend on the
+With exact kernels (:data:`specdec.backends.llamacpp_kernels.EXACT`) a row's logits do not depend on the
 other rows in its batch, and a stream per sequence keeps each sequence's cells in position order
 (in a unified cache a sequence's new cells can land in holes another left before its older cells,
 and flash attention would sum them in another order), so batching cannot change any request's
@@ -26,12 +26,15 @@ import ctypes
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdec.backends.llamacpp import LlamaCppBackend, LlamaCppWeights, _llama
+from specdec.backends.llamacpp_kernels import Layout
+from specdec.backends.llamacpp_lib import decode, lib
+from specdec.backends.llamacpp_sequence import LlamaCppSequence
+from specdec.backends.llamacpp_weights import LlamaCppWeights
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
 
@@ -66,7 +69,6 @@ class SharedSequences:
     def __init__(self, weights: LlamaCppWeights, slots: int, gather_s: float = GATHER_S) -> None:
         if not 1 <= slots <= MAX_SEQ_IDS:
             raise SpecdecError(f"batched llama.cpp serves 1..{MAX_SEQ_IDS} sequences at once, got {slots}")
-        lib = _llama()
         self.weights = weights
         self.slots = slots
         self.gather_s = gather_s
@@ -75,9 +77,9 @@ class SharedSequences:
         # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
         # in a context of its own, so flash attention sums them in the same order (a unified cache
         # lets one sequence's new cells land in another's freed holes, before its older cells).
-        self.layout = (self.n_ctx, slots, False)
-        self.ctx = LlamaCppBackend.new_context(weights, *self.layout)
-        self.batch = lib.llama_batch_init(weights.n_batch, 0, 1)
+        self.layout: Layout = (self.n_ctx, slots, False)
+        self.ctx = weights.context(self.layout)
+        self.batch = lib().llama_batch_init(weights.n_batch, 0, 1)
         self.kv = threading.RLock()  # the KV cache: one tick's decode or one sequence's rollback at a time
         self._cond = threading.Condition()
         self._pending: list[_Submission] = []
@@ -204,7 +206,7 @@ class SharedSequences:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
 
     def _run(self, chosen: list[_Submission]) -> float:
-        lib, batch = _llama(), self.batch
+        batch = self.batch
         # Sequences in id order: with a KV stream per sequence llama.cpp splits a batch wherever
         # its sequence ids are not consecutive (one more forward each time).
         chosen = sorted(chosen, key=lambda sub: sub.seq)
@@ -221,10 +223,9 @@ class SharedSequences:
         batch.n_tokens = n
         with self.kv:
             t0 = time.perf_counter()
-            if lib.llama_decode(self.ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
+            decode(self.ctx, batch)
             seconds = time.perf_counter() - t0
-            base = ctypes.cast(lib.llama_get_logits(self.ctx), ctypes.c_void_p).value
+            base = ctypes.cast(lib().llama_get_logits(self.ctx), ctypes.c_void_p).value
             vocab, row = self.weights.vocab_size, 0
             for sub in chosen:
                 k = sum(sub.wanted)
@@ -236,8 +237,8 @@ class SharedSequences:
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
-            _llama().llama_batch_free(self.batch)
-            _llama().llama_free(self.ctx)
+            lib().llama_batch_free(self.batch)
+            lib().llama_free(self.ctx)
             self.ctx = None
 
 
@@ -251,7 +252,7 @@ def _ticker(ref: weakref.ref) -> None:
         del shared
 
 
-class SequenceBackend(LlamaCppBackend):
+class SequenceBackend(LlamaCppSequence):
     """One sequence of a :class:`SharedSequences` context: a backend like any other, whose
     forwards are batched with the other running sequences' forwards. Chains only: a draft tree's
     branches would need sequence ids that share the prefix's cells, which separate streams do not
@@ -262,8 +263,21 @@ class SequenceBackend(LlamaCppBackend):
     def __init__(self, shared: SharedSequences, slot: int) -> None:
         self.shared = shared
         self.slot = slot
-        super().__init__(shared.weights, shared=shared, seq0=slot, branches=1)
+        super().__init__(shared.weights, shared.ctx, shared.layout, seq0=slot, branches=1, park=None,
+                         kv=shared.kv)
         self.max_length = shared.max_length
+
+    def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
+                   wanted: list[bool]) -> np.ndarray:
+        """A submission to the next tick (this sequence's rows with the other sequences')."""
+        return self.shared.decode(self.shared.submission(self.slot, list(tokens), positions, seq_ids, wanted))
+
+    def _clear_cells(self) -> None:
+        llama = lib()
+        mem = llama.llama_get_memory(self.ctx)
+        with self._kv:  # only this sequence's ids: the others share the context
+            for s in range(self.seq0, self.seq0 + self.branches):
+                llama.llama_memory_seq_rm(mem, s, -1, -1)
 
     def reset(self) -> None:
         super().reset()  # removes this sequence's cells under the context's KV lock
@@ -279,9 +293,9 @@ class SequenceBackend(LlamaCppBackend):
     def __del__(self) -> None:
         if getattr(self, "shared", None) is not None:
             with self.shared.kv:
-                lib = _llama()
-                mem = lib.llama_get_memory(self.shared.ctx)
-                lib.llama_memory_seq_rm(mem, self.seq0, -1, -1)
+                llama = lib()
+                mem = llama.llama_get_memory(self.shared.ctx)
+                llama.llama_memory_seq_rm(mem, self.seq0, -1, -1)
             self.shared.release(self.slot)
             self.shared = None
 

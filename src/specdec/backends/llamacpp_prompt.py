@@ -1,89 +1,70 @@
 """Prompts through llama.cpp's faster kernels, decoding through its exact ones.
 
-Exact kernels (:data:`specdec.backends.llamacpp.EXACT`) make a decoding step's logits independent
-of how many rows the step has; they cost little per generated token but about 6% of a long prompt's
-prefill on Gemma-3 (its Q4_K weights lose the repacked GEMM). A prompt needs no such invariance:
-plain and speculative decoding, alone or batched, all fill the cache from an empty sequence with the
-same prompt, so any deterministic computation of it keeps their tokens equal. :class:`PromptRunner`
-runs that first prefill on a second copy of the model with repacked weights, in a context with the
-same KV types and layout, and copies the sequence's cache into the exact context
-(``llama_state_seq_get_data`` / ``set_data``). It exists only where repacking changes a tensor
-(:func:`repacks`): SmolLM2's Q4_1 weights have no repacked form, so its prompts stay exact.
+Exact kernels (:data:`specdec.backends.llamacpp_kernels.EXACT`) make a decoding step's logits
+independent of how many rows the step has; they cost little per generated token but about 6% of a
+long prompt's prefill on Gemma-3 (its Q4_K weights lose the repacked GEMM). A prompt needs no such
+invariance: plain and speculative decoding, alone or batched, all fill the cache from an empty
+sequence with the same prompt, so any deterministic computation of it keeps their tokens equal.
+:class:`PromptRunner` runs that first prefill on a second copy of the model with repacked weights,
+in a context with the same KV types and layout, and copies the sequence's cache into the exact
+context (``llama_state_seq_get_data`` / ``set_data``). It exists only where repacking changes a
+tensor (:func:`specdec.backends.llamacpp_weights.load_repacked`): SmolLM2's Q4_1 weights have no
+repacked form, so its prompts stay exact.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import TYPE_CHECKING
 
+from specdec.backends.llamacpp_kernels import Kernels, Layout, context_params
+from specdec.backends.llamacpp_lib import decode, lib
 from specdec.errors import SpecdecError
 
-if TYPE_CHECKING:
-    from specdec.backends.llamacpp import LlamaCppWeights
 
-Layout = tuple[int, int, bool]  # n_ctx, n_seq_max, unified: the state of one context loads into another alike
-
-
-def seq_state(lib, ctx, seq: int) -> tuple[object, int]:
+def seq_state(ctx, seq: int) -> tuple[object, int]:
     """A copy of sequence ``seq``'s cache in ``ctx``: (the bytes, their count)."""
-    size = lib.llama_state_seq_get_size(ctx, seq)
+    llama = lib()
+    size = llama.llama_state_seq_get_size(ctx, seq)
     state = (ctypes.c_uint8 * size)()
-    return state, lib.llama_state_seq_get_data(ctx, state, size, seq)
+    return state, llama.llama_state_seq_get_data(ctx, state, size, seq)
 
 
-def load_seq_state(lib, ctx, seq: int, state, size: int) -> None:
+def load_seq_state(ctx, seq: int, state, size: int) -> None:
     """Put a :func:`seq_state` copy into (empty) sequence ``seq`` of ``ctx``, a context of the same layout."""
-    if lib.llama_state_seq_set_data(ctx, state, size, seq) != size:
+    if lib().llama_state_seq_set_data(ctx, state, size, seq) != size:
         raise SpecdecError("llama.cpp could not load a prompt's cache into the decoding context")
-
-
-def load_repacked(path: str, lib) -> tuple[object, bool]:
-    """The model with repacked weights, and whether llama.cpp repacked any tensor of it (its load
-    log names a CPU_REPACK buffer only then)."""
-    lines: list[bytes] = []
-
-    @lib.llama_log_callback
-    def capture(level, text, user_data):
-        lines.append(text or b"")
-
-    lib.llama_log_set(capture, ctypes.c_void_p(0))
-    try:
-        params = lib.llama_model_default_params()
-        params.use_extra_bufts = True
-        model = lib.llama_model_load_from_file(path.encode(), params)
-    finally:
-        lib.llama_log_set(lib._specdec_quiet, ctypes.c_void_p(0))
-    return model, any(b"CPU_REPACK model buffer" in line for line in lines)
 
 
 class PromptRunner:
     """Fills a sequence's cache with a prompt computed on repacked weights (see the module)."""
 
-    def __init__(self, weights: LlamaCppWeights, model, lib) -> None:
-        self.weights, self.model, self.lib = weights, model, lib
-        self.n_swa = lib.llama_model_n_swa(model)
+    def __init__(self, model, kernels: Kernels, n_batch: int, n_threads: int) -> None:
+        """``model``: the repacked weights (the runner frees them); contexts on them get ``kernels``'
+        KV types (the decoding context's) and the decoding weights' batch size and threads."""
+        self.model, self.kernels, self.n_batch, self.n_threads = model, kernels, n_batch, n_threads
+        self.n_swa = lib().llama_model_n_swa(model)
         self._contexts: dict[Layout, tuple[object, object]] = {}
         self._lock = threading.Lock()  # one prompt at a time: a context and its batch are not shared
 
     def _context(self, layout: Layout):
         if layout not in self._contexts:
-            from specdec.backends.llamacpp import context_params
-
-            ctx = self.lib.llama_init_from_model(self.model, context_params(self.weights, *layout))
+            llama = lib()
+            params = context_params(self.kernels, layout, self.n_batch, self.n_threads)
+            ctx = llama.llama_init_from_model(self.model, params)
             if not ctx:
                 raise SpecdecError("llama.cpp could not create a prompt context")
-            self._contexts[layout] = (ctx, self.lib.llama_batch_init(self.weights.n_batch, 0, 1))
+            self._contexts[layout] = (ctx, llama.llama_batch_init(self.n_batch, 0, 1))
         return self._contexts[layout]
 
     def fill(self, target_ctx, layout: Layout, seq: int, tokens: list[int]) -> None:
         """Compute ``tokens`` from position 0 and put their cache into sequence ``seq`` of
         ``target_ctx`` (a context with ``layout``, where ``seq`` is empty)."""
-        lib = self.lib
+        llama = lib()
         with self._lock:
             ctx, batch = self._context(layout)
-            lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
-            step = self.weights.n_batch
+            llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
+            step = self.n_batch
             for start in range(0, len(tokens), step):
                 chunk = tokens[start:start + step]
                 batch.n_tokens = len(chunk)
@@ -93,9 +74,8 @@ class PromptRunner:
                     batch.n_seq_id[i] = 1
                     batch.seq_id[i][0] = 0
                     batch.logits[i] = False  # a prefill needs no logits: not even the output matmul
-                if lib.llama_decode(ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed")
-            load_seq_state(lib, target_ctx, seq, *seq_state(lib, ctx, 0))
+                decode(ctx, batch)
+            load_seq_state(target_ctx, seq, *seq_state(ctx, 0))
 
     def floor(self, length: int) -> int:
         """The shortest length a sequence filled with ``length`` prompt tokens can be cut back to
@@ -104,12 +84,13 @@ class PromptRunner:
         return length if self.n_swa and length > self.n_swa else 0
 
     def close(self) -> None:
+        llama = lib()
         for ctx, batch in self._contexts.values():
-            self.lib.llama_batch_free(batch)
-            self.lib.llama_free(ctx)
+            llama.llama_batch_free(batch)
+            llama.llama_free(ctx)
         self._contexts.clear()
         if self.model:
-            self.lib.llama_model_free(self.model)
+            llama.llama_model_free(self.model)
             self.model = None
 
 
@@ -123,8 +104,7 @@ class PromptCache:
     sequence's copy leaves out the cells outside its window, which a shorter prompt still needs.
     """
 
-    def __init__(self, lib, entries: int = 8, min_tokens: int = 16) -> None:
-        self.lib = lib
+    def __init__(self, entries: int = 8, min_tokens: int = 16) -> None:
         self.entries, self.min_tokens = entries, min_tokens
         self._saved: list[tuple[Layout, tuple[int, ...], object, int]] = []  # most recent last
         self._lock = threading.Lock()
@@ -152,7 +132,7 @@ class PromptCache:
         with self._lock:
             if any(saved_layout == layout and saved == key for saved_layout, saved, _, _ in self._saved):
                 return
-        state, written = seq_state(self.lib, ctx, seq)
+        state, written = seq_state(ctx, seq)
         with self._lock:
             self._saved.append((layout, key, state, written))
             del self._saved[:-self.entries]
@@ -165,8 +145,9 @@ class PromptCache:
     def load(self, ctx, seq: int, hit: tuple[int, object, int]) -> int:
         """Fill empty sequence ``seq`` of ``ctx`` with the beginning :meth:`lookup` found; its length."""
         common, state, size = hit
-        load_seq_state(self.lib, ctx, seq, state, size)
-        self.lib.llama_memory_seq_rm(self.lib.llama_get_memory(ctx), seq, common, -1)  # the saved prompt's rest
+        load_seq_state(ctx, seq, state, size)
+        llama = lib()
+        llama.llama_memory_seq_rm(llama.llama_get_memory(ctx), seq, common, -1)  # the saved prompt's rest
         self.hits += 1
         self.tokens_saved += common
         return common

@@ -1,0 +1,95 @@
+"""A GGUF loaded by llama.cpp once, with its kernels, for every context made on it.
+
+Exact weights also say how an empty sequence's prompt is filled (:mod:`.llamacpp_prompt`): by a
+second, repacked copy where llama.cpp repacks a tensor of this model on this CPU, else from the
+caches of recent prompts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params
+from specdec.backends.llamacpp_lib import lib, log_captured
+from specdec.backends.llamacpp_prompt import PromptCache, PromptRunner
+from specdec.errors import SpecdecError
+
+MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
+
+
+class LlamaCppWeights:
+    """A GGUF loaded once; a context (its own KV cache) per sequence is made with :meth:`context`."""
+
+    def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
+                 exact: bool | None = None) -> None:
+        if not os.path.isfile(path):
+            raise SpecdecError(f"model file not found: {path}")
+        llama_cpp = lib()
+        self.kernels = choose_kernels(exact)
+        params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = self.kernels.repack
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self.model:
+            raise SpecdecError(f"llama.cpp could not load {path}")
+        self.path = path
+        self.n_ctx = n_ctx or min(llama_cpp.llama_model_n_ctx_train(self.model), MAX_CONTEXT)
+        self.n_batch = n_batch
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        # How an empty sequence's prompt is filled (exact kernels only; fast kernels would make a
+        # cached beginning differ from a computed one): on repacked weights where that changes a
+        # tensor, else from the caches of recent prompts where the model has no sliding window.
+        self.prompt: PromptRunner | None = None
+        self.prompts: PromptCache | None = None
+        if self.kernels.exact:
+            repacked, changed = load_repacked(path)
+            if changed:
+                self.prompt = PromptRunner(repacked, self.kernels, self.n_batch, self.n_threads)
+            else:
+                if repacked:
+                    llama_cpp.llama_model_free(repacked)
+                if llama_cpp.llama_model_n_swa(self.model) == 0:
+                    self.prompts = PromptCache()
+
+    @property
+    def exact(self) -> bool:
+        return self.kernels.exact
+
+    def context(self, layout: Layout):
+        """A llama.cpp context on these weights with their kernels and a KV ``layout``."""
+        params = context_params(self.kernels, layout, self.n_batch, self.n_threads)
+        ctx = lib().llama_init_from_model(self.model, params)
+        if not ctx:
+            raise SpecdecError("llama.cpp could not create a context")
+        return ctx
+
+    def __del__(self) -> None:
+        if getattr(self, "prompt", None) is not None:
+            self.prompt.close()
+            self.prompt = None
+        if getattr(self, "model", None):
+            lib().llama_model_free(self.model)
+            self.model = None
+
+
+def load_llamacpp(path: str, **options) -> LlamaCppWeights:
+    """Load a GGUF for the llama.cpp backend (``options``: n_ctx, n_batch, n_threads, exact)."""
+    return LlamaCppWeights(path, **options)
+
+
+def load_repacked(path: str) -> tuple[object, bool]:
+    """The model with repacked weights, and whether llama.cpp repacked any tensor of it.
+
+    Only llama.cpp can say the second: whether it repacks a tensor depends on the tensor's type,
+    its shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
+    repack.cpp), so the GGUF's tensor types alone cannot tell. Its public C API reports no model's
+    buffer types (``llama_get_memory_breakdown`` is in the non-public llama-ext.h, returns C++
+    types and needs a context); the load itself does, one log line per buffer it allocated, and a
+    ``CPU_REPACK`` buffer is named only when some tensor went into one. So that line is read.
+    """
+    llama_cpp = lib()
+    with log_captured() as lines:
+        params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = True
+        model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    return model, any(b"CPU_REPACK model buffer" in line for line in lines)
