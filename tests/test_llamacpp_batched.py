@@ -17,6 +17,8 @@ import httpx  # noqa: E402
 import specdec  # noqa: E402
 from conftest import serving, spec_bench_prompts  # noqa: E402
 from specdec.backends.llamacpp import has_llamafile  # noqa: E402
+from specdec.backends.llamacpp_batched import MarginalCosts  # noqa: E402
+from specdec.costs import CostModel  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServeConfig, Server  # noqa: E402
 from specdec.server.loadtest import run_load  # noqa: E402
@@ -160,3 +162,19 @@ def test_generations_take_the_lowest_free_sequences(batched):
     assert (first.slot, second.slot) == (0, 1)
     pool.give(first)
     pool.give(second)
+
+
+def test_a_sequence_prices_its_rows_on_top_of_the_others_and_leaves_the_curve_to_the_ticks():
+    curve = CostModel({1: 1.0, 2: 1.5, 3: 2.0, 4: 2.4}, switch=0.2)
+    others = [0]
+    margin = MarginalCosts(curve, lambda: others[0])
+    assert [margin.forward(n) for n in (1, 2, 3)] == [curve.forward(n) for n in (1, 2, 3)]  # alone
+    assert margin.step(3) == curve.step(3) and margin.unit == curve.unit and margin.switch == curve.switch
+    others[0] = 2  # its first row rides in the shared slice, the rest are a forward of their own
+    first = curve.forward(3) - curve.forward(2)
+    assert margin.forward(1) == pytest.approx(first)
+    assert margin.forward(3) == pytest.approx(first + curve.forward(2))
+    assert margin.step(3) == margin.forward(3)  # the shape changes every tick anyway: no switch
+    assert margin.ratio(3) == pytest.approx(margin.forward(3) / curve.unit)
+    margin.observe(1, 50.0)  # a sequence's own wait holds the others' rows: ticks teach the curve
+    assert curve.observations == 0 and curve.unit == 1.0

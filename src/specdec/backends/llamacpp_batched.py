@@ -35,7 +35,7 @@ from specdec.backends.llamacpp_kernels import Layout
 from specdec.backends.llamacpp_lib import decode, lib
 from specdec.backends.llamacpp_sequence import LlamaCppSequence
 from specdec.backends.llamacpp_weights import LlamaCppWeights
-from specdec.costs import CostModel
+from specdec.costs import CostModel, Costs
 from specdec.errors import SpecdecError
 
 MAX_SEQ_IDS = 64  # sequences per context (llama.cpp allows 256; each has its own KV stream here)
@@ -287,7 +287,7 @@ class SequenceBackend(LlamaCppSequence):
         """Back in the pool: no tick waits for this sequence until it starts again."""
         self.shared.leave(self.slot)
 
-    def forward_costs(self, costs: CostModel) -> CostModel:
+    def forward_costs(self, costs: CostModel) -> Costs:
         return MarginalCosts(costs, lambda: self.shared.others(self.slot))
 
     def __del__(self) -> None:
@@ -300,8 +300,9 @@ class SequenceBackend(LlamaCppSequence):
             self.shared = None
 
 
-class MarginalCosts(CostModel):
-    """A sequence's view of the batch's cost: what its n rows add to the tick.
+class MarginalCosts:
+    """A sequence's view of the batch's cost: what its n rows add to the tick (a
+    :class:`~specdec.costs.Costs` over the model's curve, which it reads and never changes).
 
     The others bring ``others()`` rows, mostly one each. llama.cpp gives every sequence its own
     KV stream here and computes a batch of streams in *equal* slices (one row of each sequence per
@@ -309,40 +310,32 @@ class MarginalCosts(CostModel):
     b + 1 rows) and its other n - 1 rows make a forward of their own (the curve at n - 1).
     """
 
-    def __init__(self, base: CostModel, others: Callable[[], int]) -> None:  # a view: no measurements of its own
-        self.base = base
+    def __init__(self, curve: CostModel, others: Callable[[], int]) -> None:
+        self.curve = curve
         self._others = others
 
     @property
     def unit(self) -> float:
-        return self.base.unit
+        return self.curve.unit
 
     @property
     def switch(self) -> float:
-        return self.base.switch
-
-    @property
-    def measured(self):  # type: ignore[override]
-        return self.base.measured
-
-    @property
-    def observations(self) -> int:  # type: ignore[override]
-        return self.base.observations
+        return self.curve.switch
 
     def forward(self, n: int) -> float:
         b = self._others()
         if b == 0:
-            return self.base.forward(n)
-        shared = self.base.forward(b + 1) - self.base.forward(b)
-        return shared + (self.base.forward(n - 1) if n > 1 else 0.0)
+            return self.curve.forward(n)
+        shared = self.curve.forward(b + 1) - self.curve.forward(b)
+        return shared + (self.curve.forward(n - 1) if n > 1 else 0.0)
 
     def step(self, n: int) -> float:
         # Alone, a draft step also pays the shape switch of the one-row forward after it; in a
         # batch the shape changes every tick anyway.
-        return self.forward(n) + (self.base.switch if n > 1 and self._others() == 0 else 0.0)
+        return self.forward(n) + (self.curve.switch if n > 1 and self._others() == 0 else 0.0)
 
     def ratio(self, n: int) -> float:
-        return self.forward(n) / self.base.unit
+        return self.forward(n) / self.curve.unit
 
     def observe(self, n: int, seconds: float, after: int | None = None) -> None:
         """Ticks teach the shared curve (a sequence's own wait includes the others' rows)."""
