@@ -320,7 +320,7 @@ class MethodFactory:
                       n_threads=os.cpu_count(), verbose=False)
         if args == ["exact"]:
             # As close to our exact kernels as its API allows (it cannot turn weight repacking off).
-            from specdec.backends.llamacpp import EXACT
+            from specdec.backends.llamacpp_kernels import EXACT
 
             kwargs.update(flash_attn=True, type_k=EXACT.type_k, type_v=EXACT.type_v)
         elif args:
