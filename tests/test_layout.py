@@ -110,18 +110,6 @@ def report(found: list[list[str]]) -> str:
     return "import cycles:\n" + "\n".join("  " + " <-> ".join(c) for c in found)
 
 
-# The one cycle left to others for now: the bench's llama-server peer with its method table
-# (bench/methods <-> bench/llama_server_peer, added with that peer after issue 34 listed the cycles;
-# the bench's owner is to cut it). The first test fails on any other cycle; the second is expected
-# to fail only while this one remains (strict: it is not marked once it is gone, so from then on
-# every cycle fails it).
-BEING_FIXED = re.compile(r"^specdec\.bench\.(methods|llama_server_peer)$")
-
-
-def _being_fixed(component: list[str]) -> bool:
-    return all(BEING_FIXED.match(m) for m in component)
-
-
 def test_the_reader_finds_a_cycle():
     """Negative control: two modules that import each other (one inside a function, one under
     TYPE_CHECKING) are one cycle; a one-way import is none."""
@@ -134,14 +122,6 @@ def test_the_reader_finds_a_cycle():
 
 
 def test_imports_flow_one_way():
-    found = cycles(import_graph())
-    others = [c for c in found if not _being_fixed(c)]
-    assert not others, report(found)
-
-
-@pytest.mark.xfail(any(_being_fixed(c) for c in cycles(import_graph())), strict=True,
-                   reason="bench methods <-> llama-server peer: left to the bench's owner for now")
-def test_no_import_cycle_at_all():
     found = cycles(import_graph())
     assert not found, report(found)
 

@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.bench.methods import Method, RunResult
+from specdec.bench.base import Method, RunResult
 from specdec.errors import SpecdecError
 from specdec.models import ALIASES, default_draft_model, resolve
 from specdec.options import GenerationOptions

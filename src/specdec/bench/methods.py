@@ -14,7 +14,6 @@ and llama.cpp's own server's ``llama-server-*`` (:mod:`specdec.bench.llama_serve
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ from specdec.errors import SpecdecError
 from specdec.models import resolve
 from specdec.options import GenerationOptions, Option
 from specdec.registry import DRAFTERS
-from specdec.stats import GenerationStats
+from specdec.bench.base import BASELINES, Method, RunResult  # noqa: F401  (re-exported: the bench's names)
 
 # method -> the backend our run must use (None: any; vLLM loads the model's transformers folder
 # itself, llama-server its GGUF)
@@ -39,9 +38,6 @@ PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plai
               "llama-server-draft[:ALIAS][:n=N]", "llama-server-ngram-simple[:n=N]",
               "llama-server-ngram-map-k[:n=N]", "llama-server-ngram-map-k4v[:n=N]",
               "llama-server-ngram-mod[:n=N]", "llama-server-ngram-cache")
-BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain", "vllm": "vllm-plain",
-             "llama-server": "llama-server-plain"}
-
 
 def method_forms() -> list[str]:
     """Every method string this build understands (ours from the drafter registry and the option
@@ -66,52 +62,6 @@ def _form(option: Option) -> str:
     if option.type is bool:
         return f"[:{key}]"
     return f"[:{key}={option.metavar or key[0].upper()}]"
-
-
-@dataclass
-class RunResult:
-    """One method on one question.
-
-    ``stats`` are our generation's own counters (:class:`specdec.stats.GenerationStats`; None for
-    the peers, which do not expose them); ``peer_forwards`` the target forwards a peer made,
-    counted by a hook where its library allows one (or from its own counters), ``peer_drafted`` /
-    ``peer_accepted`` its draft tokens where it reports them.
-
-    ``gen_s`` is the generation time after the prompt (None where unknown) and ``gen_tokens`` the
-    tokens made in it, so that ``gen_tokens / gen_s`` is a generation rate that leaves the prompt
-    out. Ours: ``wall_s - prefill_s`` of our stats and every new token (the target's prompt left
-    out, except its last token, whose forward yields the first new token; a draft model's own
-    prompt is inside). llama.cpp's (``llama-server-*``, ``llamacpp-*``): from the first new token
-    to the last and the tokens after the first, its ``predicted_per_second``.
-    """
-
-    token_ids: list[int]
-    wall_s: float
-    stats: GenerationStats | None = None
-    peer_forwards: int | None = None
-    gen_s: float | None = None
-    gen_tokens: int | None = None
-    peer_drafted: int | None = None
-    peer_accepted: int | None = None
-
-    @property
-    def target_forwards(self) -> int | None:
-        return self.stats.target_forwards if self.stats is not None else self.peer_forwards
-
-
-class Method(ABC):
-    """A way to generate: ``run`` returns the new token ids and the wall time of the call."""
-
-    name: str
-    family: str  # "ours", "hf" or "llamacpp": which plain method is its baseline
-
-    @property
-    def baseline(self) -> str:
-        return BASELINES[self.family]
-
-    @abstractmethod
-    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None) -> RunResult:
-        """Generate after ``prompt_ids``; only the generation call itself is timed."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.api import Model
-from specdec.bench.methods import Method, RunResult
+from specdec.bench.base import Method, RunResult
 from specdec.bench.questions import Question
 from specdec.compare import spread
 from specdec.context import Learned
