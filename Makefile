@@ -1,8 +1,12 @@
 # Two entry points (see README): `make demo` sets up and runs the main job, `make test` runs the tests.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-PROMPT  ?= Explain in a few paragraphs why the sky is blue.
-MODEL   ?= smollm2-135m
+# The demo: Qwen2.5-Coder-1.5B asked to return a function with one change, most of the answer a
+# copy of the prompt, which the n-gram index drafts. PROMPT="..." asks something else instead.
+PROMPT_FILE ?= examples/edit_function.txt
+PROMPT  ?=
+MODEL   ?= qwen2.5-coder-1.5b
+DRAFTER ?= ngram
 
 .PHONY: setup demo test browser peers vllm llama-peers
 
@@ -27,7 +31,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/specdec generate "$(PROMPT)" --model $(MODEL) --backend llamacpp --chat --compare --max-new-tokens 160
+	@if [ -n '$(PROMPT)' ]; then prompt='$(PROMPT)'; else prompt="$$(cat $(PROMPT_FILE))"; fi; \
+	$(VENV)/bin/specdec generate "$$prompt" --model $(MODEL) --backend llamacpp --chat --drafter $(DRAFTER) \
+	  --compare --repeats 2 --max-new-tokens 400
 
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
