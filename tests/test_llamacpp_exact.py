@@ -57,7 +57,7 @@ def windows_identical(weights, seed: int = 0, count: int = 14) -> list[bool]:
     same = []
     # Longest context first: each window only rolls the cache back further.
     for start in sorted((rng.randrange(40, PREFIX) for _ in range(count)), reverse=True):
-        window = random_tokens(rng, rng.randrange(2, 9))
+        window = random_tokens(rng, rng.randrange(2, 13))  # up to 4 micro-batches of repacked weights
         backend.truncate(start)
         batched = backend.extend(window)
         backend.truncate(start)

@@ -1,7 +1,7 @@
 """How exact mode fills a prompt (:mod:`specdec.backends.llamacpp_prompt`).
 
-Where repacking changes Gemma's weights, a prompt's cache is computed on a repacked copy of the
-model and copied in: the same cache every time, alone or batched, and a rollback deeper than a
+Where repacking changes Gemma's weights (decoding then takes at most three rows a micro-batch), a
+prompt's cache is computed in full-size micro-batches (the repacked GEMM) and copied in: the same cache every time, alone or batched, and a rollback deeper than a
 sliding-window layer's copy recomputes, never attends to missing cells. Elsewhere (SmolLM2) a
 prompt that begins like a recent one starts from that one's cache: the logits must be those of the
 prompt computed cold, alone and batched."""
@@ -20,6 +20,7 @@ from conftest import spec_bench_prompts  # noqa: E402
 import specdec  # noqa: E402
 from specdec.backends.llamacpp import LlamaCppBackend, has_llamafile, load_llamacpp  # noqa: E402
 from specdec.backends.llamacpp_batched import SharedSequences  # noqa: E402
+from specdec.backends.llamacpp_kernels import REPACKED_ROWS  # noqa: E402
 from specdec.backends.llamacpp_prompt import PromptRunner  # noqa: E402
 from specdec.models import resolve  # noqa: E402
 
@@ -35,7 +36,8 @@ def gguf(name: str) -> str:
 @pytest.fixture(scope="module")
 def gemma():
     weights = load_llamacpp(gguf("gemma3-270m"), n_ctx=2048)
-    assert weights.exact and weights.prompt is not None  # its Q4_K tensors have a repacked form
+    # Its Q4_K tensors have a repacked form wherever the CPU has AVX2 (every machine here does).
+    assert weights.exact and weights.prompt is not None and weights.n_ubatch == REPACKED_ROWS
     return weights
 
 
@@ -73,27 +75,29 @@ def batched(weights, prompts: list[list[int]], follow: list[int], rounds: int = 
 def test_only_models_that_repacking_changes_get_a_prompt_runner():
     smol = load_llamacpp(gguf("smollm2-135m"), n_ctx=512)
     assert smol.prompt is None and smol.prompts is not None  # Q4_1: nothing to repack; no sliding window
+    assert not smol.repacked and smol.n_ubatch == smol.n_batch  # so any micro-batch is exact
     fast = load_llamacpp(gguf("gemma3-270m"), n_ctx=512, exact=False)
     assert fast.prompt is None and fast.prompts is None  # fast kernels: a cached beginning would differ
 
 
 def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
-    """The copy itself changes nothing: a runner on the exact weights gives the exact path's logits
-    bit for bit (so what the repacked runner changes is only its kernels)."""
+    """The copy itself changes nothing: a runner computing in the decoding context's micro-batches
+    gives the exact path's logits bit for bit (so what the real runner changes is only its
+    micro-batch size, hence its kernel)."""
     prompt, follow = tokens(0, 300), tokens(1, 4)
-    repacked = gemma.prompt
+    runner = gemma.prompt
     gemma.prompt = None
     try:
         reference = steps(LlamaCppBackend(gemma), prompt, follow)  # the prompt as one exact forward
-        gemma.prompt = PromptRunner(gemma.model, gemma.kernels, gemma.n_batch, gemma.n_threads)
+        gemma.prompt = PromptRunner(gemma.model, gemma.kernels, gemma.n_batch, gemma.n_threads,
+                                    n_ubatch=gemma.n_ubatch)
         copied = steps(LlamaCppBackend(gemma), prompt, follow)
     finally:
         if gemma.prompt is not None:
-            gemma.prompt.model = None  # the exact weights are not the runner's to free
             gemma.prompt.close()
-        gemma.prompt = repacked
+        gemma.prompt = runner
     assert torch.equal(copied, reference)
-    assert not torch.equal(steps(LlamaCppBackend(gemma), prompt, follow), reference)  # the repacked runner's own
+    assert not torch.equal(steps(LlamaCppBackend(gemma), prompt, follow), reference)  # the GEMM runner's own
 
 
 def test_the_same_prompt_gives_the_same_cache_alone_and_among_batched_sequences(gemma):

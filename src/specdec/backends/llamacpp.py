@@ -33,6 +33,8 @@ def _load(request: LoadRequest) -> LoadedWeights:
         raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
     weights = load_llamacpp(str(gguf), exact=request.exact)
     forget = weights.prompts.clear if weights.prompts is not None else None
-    return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}",
+    # The cost curve is measured per kernel setting: capped micro-batches price rows differently.
+    capped = f"-ubatch{weights.n_ubatch}" if weights.n_ubatch < weights.n_batch else ""
+    return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}{capped}",
                          exact=weights.exact, batched=lambda slots: SharedSequences(weights, slots),
                          forget_prompts=forget)

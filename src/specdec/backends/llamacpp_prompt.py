@@ -1,15 +1,16 @@
 """Prompts through llama.cpp's faster kernels, decoding through its exact ones.
 
 Exact kernels (:data:`specdec.backends.llamacpp_kernels.EXACT`) make a decoding step's logits
-independent of how many rows the step has; they cost little per generated token but about 6% of a
-long prompt's prefill on Gemma-3 (its Q4_K weights lose the repacked GEMM). A prompt needs no such
-invariance: plain and speculative decoding, alone or batched, all fill the cache from an empty
-sequence with the same prompt, so any deterministic computation of it keeps their tokens equal.
-:class:`PromptRunner` runs that first prefill on a second copy of the model with repacked weights,
-in a context with the same KV types and layout, and copies the sequence's cache into the exact
-context (``llama_state_seq_get_data`` / ``set_data``). It exists only where repacking changes a
-tensor (:func:`specdec.backends.llamacpp_weights.load_repacked`): SmolLM2's Q4_1 weights have no
-repacked form, so its prompts stay exact.
+independent of how many rows the step has; on repacked weights they decode at most three rows a
+micro-batch (every row on the one-row GEMV), which would make a long prompt's prefill several times
+slower than the repacked GEMM. A prompt needs no such invariance: plain and speculative decoding,
+alone or batched, all fill the cache from an empty sequence with the same prompt, so any
+deterministic computation of it keeps their tokens equal. :class:`PromptRunner` runs that first
+prefill in a context of full-size micro-batches on the same weights, with the same KV types and
+layout, and copies the sequence's cache into the decoding context (``llama_state_seq_get_data`` /
+``set_data``). It exists only where llama.cpp repacks a tensor of the model on this CPU
+(:func:`specdec.backends.llamacpp_weights.load_model`): SmolLM2's Q4_1 weights have no repacked
+form, so its prompts are computed as its decoding steps are.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ def load_seq_state(ctx, seq: int, state, size: int) -> None:
 
 
 class PromptRunner:
-    """Fills a sequence's cache with a prompt computed on repacked weights (see the module)."""
+    """Fills a sequence's cache with a prompt computed in full-size micro-batches (see the module)."""
 
-    def __init__(self, model, kernels: Kernels, n_batch: int, n_threads: int) -> None:
-        """``model``: the repacked weights (the runner frees them); contexts on them get ``kernels``'
-        KV types (the decoding context's) and the decoding weights' batch size and threads."""
+    def __init__(self, model, kernels: Kernels, n_batch: int, n_threads: int, n_ubatch: int | None = None) -> None:
+        """``model``: the weights (their owner frees them); contexts on them get ``kernels``' KV
+        types (the decoding context's), batches of ``n_batch`` rows computed in micro-batches of
+        ``n_ubatch`` (default: all of them at once) and ``n_threads``."""
         self.model, self.kernels, self.n_batch, self.n_threads = model, kernels, n_batch, n_threads
+        self.n_ubatch = n_ubatch
         self.n_swa = lib().llama_model_n_swa(model)
         self._contexts: dict[Layout, tuple[object, object]] = {}
         self._lock = threading.Lock()  # one prompt at a time: a context and its batch are not shared
@@ -50,7 +53,7 @@ class PromptRunner:
     def _context(self, layout: Layout):
         if layout not in self._contexts:
             llama = lib()
-            params = context_params(self.kernels, layout, self.n_batch, self.n_threads)
+            params = context_params(self.kernels, layout, self.n_batch, self.n_threads, self.n_ubatch)
             ctx = llama.llama_init_from_model(self.model, params)
             if not ctx:
                 raise SpecdecError("llama.cpp could not create a prompt context")
@@ -89,9 +92,6 @@ class PromptRunner:
             llama.llama_batch_free(batch)
             llama.llama_free(ctx)
         self._contexts.clear()
-        if self.model:
-            llama.llama_model_free(self.model)
-            self.model = None
 
 
 class PromptCache:

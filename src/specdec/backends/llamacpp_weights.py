@@ -1,7 +1,8 @@
 """A GGUF loaded by llama.cpp once, with its kernels, for every context made on it.
 
-Exact weights also say how an empty sequence's prompt is filled (:mod:`.llamacpp_prompt`): by a
-second, repacked copy where llama.cpp repacks a tensor of this model on this CPU, else from the
+Exact weights also say how an empty sequence's prompt is filled (:mod:`.llamacpp_prompt`): in a
+context of full-size micro-batches (the repacked GEMM) where llama.cpp repacks a tensor of this
+model on this CPU, and decoding contexts then take at most three rows a micro-batch; else from the
 caches of recent prompts.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params
+from specdec.backends.llamacpp_kernels import REPACKED_ROWS, Layout, choose_kernels, context_params
 from specdec.backends.llamacpp_lib import lib, log_captured
 from specdec.backends.llamacpp_prompt import PromptCache, PromptRunner
 from specdec.errors import SpecdecError
@@ -26,9 +27,7 @@ class LlamaCppWeights:
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = lib()
         self.kernels = choose_kernels(exact)
-        params = llama_cpp.llama_model_default_params()
-        params.use_extra_bufts = self.kernels.repack
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        self.model, self.repacked = load_model(path, self.kernels.repack)
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
         self.path = path
@@ -36,20 +35,21 @@ class LlamaCppWeights:
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        # Rows per micro-batch of a decoding context: with exact kernels on repacked weights, few
+        # enough that every row takes the one-row GEMV (see llamacpp_kernels).
+        self.n_ubatch = REPACKED_ROWS if self.kernels.exact and self.repacked else n_batch
         # How an empty sequence's prompt is filled (exact kernels only; fast kernels would make a
-        # cached beginning differ from a computed one): on repacked weights where that changes a
-        # tensor, else from the caches of recent prompts where the model has no sliding window.
+        # cached beginning differ from a computed one): where decoding is capped at a few rows a
+        # micro-batch, in a context of full micro-batches (the repacked GEMM; the same cache for
+        # every generation of the prompt), else from the caches of recent prompts where the model
+        # has no sliding window.
         self.prompt: PromptRunner | None = None
         self.prompts: PromptCache | None = None
         if self.kernels.exact:
-            repacked, changed = load_repacked(path)
-            if changed:
-                self.prompt = PromptRunner(repacked, self.kernels, self.n_batch, self.n_threads)
-            else:
-                if repacked:
-                    llama_cpp.llama_model_free(repacked)
-                if llama_cpp.llama_model_n_swa(self.model) == 0:
-                    self.prompts = PromptCache()
+            if self.n_ubatch < n_batch:
+                self.prompt = PromptRunner(self.model, self.kernels, self.n_batch, self.n_threads)
+            elif llama_cpp.llama_model_n_swa(self.model) == 0:
+                self.prompts = PromptCache()
 
     @property
     def exact(self) -> bool:
@@ -57,7 +57,7 @@ class LlamaCppWeights:
 
     def context(self, layout: Layout):
         """A llama.cpp context on these weights with their kernels and a KV ``layout``."""
-        params = context_params(self.kernels, layout, self.n_batch, self.n_threads)
+        params = context_params(self.kernels, layout, self.n_batch, self.n_threads, self.n_ubatch)
         ctx = lib().llama_init_from_model(self.model, params)
         if not ctx:
             raise SpecdecError("llama.cpp could not create a context")
@@ -77,8 +77,9 @@ def load_llamacpp(path: str, **options) -> LlamaCppWeights:
     return LlamaCppWeights(path, **options)
 
 
-def load_repacked(path: str) -> tuple[object, bool]:
-    """The model with repacked weights, and whether llama.cpp repacked any tensor of it.
+def load_model(path: str, repack: bool) -> tuple[object, bool]:
+    """The model (its weights repacked where llama.cpp has a repacked form, if ``repack``), and
+    whether llama.cpp repacked any tensor of it.
 
     Only llama.cpp can say the second: whether it repacks a tensor depends on the tensor's type,
     its shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
@@ -90,6 +91,6 @@ def load_repacked(path: str) -> tuple[object, bool]:
     llama_cpp = lib()
     with log_captured() as lines:
         params = llama_cpp.llama_model_default_params()
-        params.use_extra_bufts = True
+        params.use_extra_bufts = repack
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-    return model, any(b"CPU_REPACK model buffer" in line for line in lines)
+    return model, repack and any(b"CPU_REPACK model buffer" in line for line in lines)

@@ -269,7 +269,8 @@ class MethodFactory:
         kwargs = dict(model_path=str(resolve(self.model_name, need_hf=False).gguf), n_ctx=4096,
                       n_threads=os.cpu_count(), verbose=False)
         if args == ["exact"]:
-            # As close to our exact kernels as its API allows (it cannot turn weight repacking off).
+            # Our exact kernels' KV types; its API cannot cap decoding at a few rows a micro-batch
+            # without capping its prompt's too, so its plain decoding keeps one-row kernels anyway.
             from specdec.backends.llamacpp_kernels import EXACT
 
             kwargs.update(flash_attn=True, type_k=EXACT.type_k, type_v=EXACT.type_v)
