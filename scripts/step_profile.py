@@ -13,13 +13,11 @@ call); "engine" is what is left of the step. ``--peer`` also times llama-cpp-pyt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "questions.jsonl"
 
 
 class Timers:
@@ -47,14 +45,12 @@ class Timers:
         setattr(owner, name, timed)
 
 
-def prompts(limit: int) -> list[str]:
-    seen, out = set(), []
-    for line in QUESTIONS.read_text().splitlines():
-        q = json.loads(line)
-        if q["category"] not in seen:
-            seen.add(q["category"])
-            out.append(q["turns"][0][:2000])
-    return out[:limit]
+def prompts(questions: str, limit: int) -> list[str]:
+    """The first prompt of each category of a shipped prompt set (or a .jsonl file), cut to 2000
+    characters."""
+    from specdec.bench.questions import load_questions
+
+    return [q.prompt[:2000] for q in load_questions(questions, None, limit=1)][:limit]
 
 
 def main() -> None:
@@ -63,6 +59,7 @@ def main() -> None:
     parser.add_argument("--backend", default="llamacpp")
     parser.add_argument("--drafter", default="none")
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--questions", default="spec-bench", help="a shipped prompt set or a .jsonl file")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--peer", action="store_true", help="also time llama-cpp-python's Llama.generate")
@@ -73,16 +70,17 @@ def main() -> None:
     import specdec
     from specdec import engine
     from specdec.backends import llamacpp
+    from specdec.backends.llamacpp_lib import lib as llama_lib
     from specdec.drafters.base import Drafter
     from specdec.policies.base import DraftPolicy
     from specdec.text import TextCodec
 
     model = specdec.load(args.model, backend=args.backend, **({} if args.exact is None else {"exact": args.exact}))
-    ids = [model.encode(p, chat=model.has_chat_template) for p in prompts(args.prompts)]
+    ids = [model.encode(p, chat=model.has_chat_template) for p in prompts(args.questions, args.prompts)]
     model.generate(ids[0], drafter=args.drafter, max_new_tokens=4)  # calibration, first allocations
 
     timers = Timers()
-    lib = llamacpp._llama()
+    lib = llama_lib()
     timers.wrap(lib, "llama_decode", "forward (llama_decode)")
     timers.wrap(llamacpp.LlamaCppBackend, "_run_batch", "logits copy")
     timers.wrap(llamacpp.LlamaCppBackend, "extend", "checks, conversion to torch")
