@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 import specdec
-from specdec import options
+from specdec import option_forms, options
 from specdec.cli import build_parser, main
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
@@ -91,11 +91,11 @@ def test_a_drafter_with_an_option_is_one_registration(repeat_drafter, tiny, caps
     assert out.token_ids == plain.token_ids and SPANS[-1] == 3
     # The same option from the CLI flags and from a server body.
     args = build_parser().parse_args(["generate", "x", "--drafter", "repeat-test", "--repeat-span", "4"])
-    assert options.from_args(args)["repeat_span"] == 4
-    assert "repeat_span" in {o.name for o in options.server_fields()}
-    assert options.from_body({"drafter": "repeat-test", "repeat_span": 5}, GenerationOptions())["repeat_span"] == 5
+    assert option_forms.from_args(args)["repeat_span"] == 4
+    assert "repeat_span" in {o.name for o in option_forms.server_fields()}
+    assert option_forms.from_body({"drafter": "repeat-test", "repeat_span": 5}, GenerationOptions())["repeat_span"] == 5
     # ... and from a bench method spec.
-    assert options.from_spec({"repeat_span": "6"}, GenerationOptions(drafter="repeat-test"))["repeat_span"] == 6
+    assert option_forms.from_spec({"repeat_span": "6"}, GenerationOptions(drafter="repeat-test"))["repeat_span"] == 6
     with pytest.raises(SpecdecError, match=r"^repeat_span must be >= 1, got 0$"):
         tiny.generate(PROMPT, drafter="repeat-test", repeat_span=0)
 
@@ -138,9 +138,9 @@ def test_cli_flags_server_body_api_keywords_and_bench_spec_give_the_same_options
     api = tiny.start(PROMPT, **REQUEST).options
     args = build_parser().parse_args(["generate", PROMPT, "--max-new-tokens", "64", *FLAGS])
     cli = generation_options(args)
-    body = options.from_body(REQUEST, GenerationOptions())
+    body = option_forms.from_body(REQUEST, GenerationOptions())
     sampling = {k: REQUEST[k] for k in ("temperature", "top_k", "top_p", "seed")}
-    spec = options.from_spec({"k": "3", "policy": "fixed", "tree": "", "verify": "rejection"},
+    spec = option_forms.from_spec({"k": "3", "policy": "fixed", "tree": "", "verify": "rejection"},
                              GenerationOptions(drafter="recycle", **sampling))
     assert api == cli == body == spec
     assert api.to_dict()["num_draft"] == 3
@@ -177,7 +177,7 @@ def test_every_front_end_refuses_a_bad_option_with_the_same_message(tiny, tiny_m
     # Server body
     if next(iter(values)) != "max_new_tokens":  # the body calls it max_tokens (OpenAI's name)
         with pytest.raises(SpecdecError) as body:
-            options.from_body(values, GenerationOptions())
+            option_forms.from_body(values, GenerationOptions())
         assert str(body.value) == expected
 
 

@@ -10,7 +10,8 @@ with one message per mistake. The CLI's flags, the server's request fields, the 
 A drafter declares options of its own in its own file (``@drafter(..., options=[Option(...)])``);
 they live in its registry entry (:attr:`specdec.registry.DrafterEntry.options`, their one home),
 are read from there with specdec's own (:func:`all_options`, which reads the registry first) and
-appear in ``--help``, the API, the server body and the bench spec without touching anything else.
+appear in ``--help``, the API, the server body and the bench spec without touching anything else
+(:mod:`specdec.option_forms` spells them as each front end does).
 Their values reach the drafter in :attr:`specdec.registry.DraftRequest.options`. Imports flow one
 way: this module reads the registry, the registry knows nothing of it.
 
@@ -67,7 +68,7 @@ class Option:
         if value is None:
             return None if self.nullable else f"{self.name} must be given"
         if not _is_type(value, self.type):
-            return f"{self.name} must be {_TYPE_NAMES[self.type]}, got {value!r}"
+            return f"{self.name} must be {TYPE_NAMES[self.type]}, got {value!r}"
         if self.choices is not None:
             names = list(self.choices())
             if value not in names:
@@ -91,16 +92,16 @@ class Option:
             try:
                 return int(text)
             except ValueError:
-                raise SpecdecError(f"{self.name} must be {_TYPE_NAMES[int]}, got {text!r}") from None
+                raise SpecdecError(f"{self.name} must be {TYPE_NAMES[int]}, got {text!r}") from None
         if self.type is float:
             try:
                 return float(text)
             except ValueError:
-                raise SpecdecError(f"{self.name} must be {_TYPE_NAMES[float]}, got {text!r}") from None
+                raise SpecdecError(f"{self.name} must be {TYPE_NAMES[float]}, got {text!r}") from None
         return text
 
 
-_TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+TYPE_NAMES = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 
 
 def _is_type(value: Any, kind: type) -> bool:
@@ -332,89 +333,3 @@ class _Frozen(dict):
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))
-
-
-# -- front ends ---------------------------------------------------------------------------------
-def add_arguments(parser, scopes: tuple[str, ...] = ("generation", "model"), skip: tuple[str, ...] = (),
-                  defaults: Mapping[str, Any] | None = None) -> None:
-    """argparse flags for every option with a flag (help and choices from the specs). Values are
-    checked by :func:`from_args` (so the message is the same as the server's and the API's)."""
-    import argparse
-
-    defaults = dict(defaults or {})
-    for opt in all_options():
-        if opt.cli_flag is None or opt.scope not in scopes or opt.name in skip:
-            continue
-        default = defaults.get(opt.name, opt.default)
-        shown = "" if default in (None, (), "") else f" (default: {default})"
-        owner = f" [{opt.owner} drafter]" if opt.owner else ""
-        kwargs: dict[str, Any] = dict(dest=opt.name, help=opt.help + owner + (shown if "default" not in opt.help else ""))
-        if opt.type is bool:
-            kwargs.update(action=argparse.BooleanOptionalAction, default=default)
-        elif opt.type is tuple:
-            kwargs.update(action="append", default=None, metavar=opt.metavar)
-        else:
-            kwargs.update(type=_arg_type(opt), default=default, metavar=opt.metavar)
-            if opt.choices is not None:
-                # Shown, not enforced by argparse: the options' own check words the mistake the
-                # same way as the server and the API do.
-                kwargs["metavar"] = "{" + ",".join(opt.choices()) + "}"
-                helps = _choice_help(opt)
-                if helps:
-                    kwargs["help"] = helps + (shown or "")
-        parser.add_argument(opt.cli_flag, **kwargs)
-
-
-def _arg_type(opt: Option):
-    def convert(text: str):
-        return opt.parse(text)
-    convert.__name__ = _TYPE_NAMES.get(opt.type, "value")  # argparse names the type in its error
-    return convert
-
-
-def _choice_help(opt: Option) -> str | None:
-    from specdec.registry import DRAFTERS, POLICIES
-
-    registry = {"drafter": DRAFTERS, "policy": POLICIES}.get(opt.name)
-    if registry is None:
-        return None
-    return "; ".join(f"{e.name}: {e.help}" for e in registry)
-
-
-def from_args(args, base: GenerationOptions | None = None) -> GenerationOptions:
-    """The generation options parsed flags chose, validated."""
-    values = {o.name: getattr(args, o.name) for o in generation_options()
-              if o.cli_flag is not None and hasattr(args, o.name)}
-    if values.get("stop") is None:
-        values.pop("stop", None)
-    return GenerationOptions.of(values, base).validate()
-
-
-def from_body(body: Mapping[str, Any], base: GenerationOptions) -> GenerationOptions:
-    """The options a server request body chose (fields it leaves out or sets to null keep
-    ``base``, the server's defaults), validated."""
-    allowed = {o.name for o in generation_options() if o.server}
-    values = {k: v for k, v in body.items() if k in allowed and v is not None}
-    return GenerationOptions.of(values, base).validate()
-
-
-def from_spec(pairs: Mapping[str, str], base: GenerationOptions) -> GenerationOptions:
-    """The options a bench method spec chose (``key=value`` texts, short keys allowed), validated."""
-    by_key = {}
-    for o in generation_options():
-        if o.bench:
-            by_key[o.name] = o
-            if o.bench_key:
-                by_key[o.bench_key] = o
-    values = {}
-    for key, text in pairs.items():
-        opt = by_key.get(key)
-        if opt is None:
-            raise SpecdecError(f"unknown option {key!r}: use one of {', '.join(sorted(by_key))}")
-        values[opt.name] = opt.parse(text)
-    return GenerationOptions.of(values, base).validate()
-
-
-def server_fields() -> list[Option]:
-    """The options a request body may set (besides OpenAI's own names for some of them)."""
-    return [o for o in generation_options() if o.server]

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specdec import options as opts
+from specdec import option_forms
 from specdec.api import Model, load
 from specdec.errors import SpecdecError
 from specdec.models import resolve
-from specdec.options import GenerationOptions, Option
+from specdec.options import GenerationOptions, Option, generation_options
 from specdec.registry import DRAFTERS
 from specdec.bench.base import BASELINES, Method, RunResult  # noqa: F401  (re-exported: the bench's names)
 
@@ -54,7 +54,7 @@ def method_forms() -> list[str]:
 
 
 def _spec_options() -> list[Option]:
-    return [o for o in opts.generation_options() if o.bench]
+    return [o for o in generation_options() if o.bench]
 
 
 def _form(option: Option) -> str:
@@ -306,7 +306,7 @@ def our_options(spec: str, base: GenerationOptions,
         raise SpecdecError(f"method {spec!r}: write {entry.name}:ALIAS" if entry.needs_draft_model
                            else f"method {spec!r}: {entry.name} takes no model")
     try:
-        options = opts.from_spec(values, base.with_(drafter=entry.name))
+        options = option_forms.from_spec(values, base.with_(drafter=entry.name))
     except SpecdecError as exc:
         raise SpecdecError(f"method {spec!r}: {exc}") from None
     if entry.name == "none" and options.tree:

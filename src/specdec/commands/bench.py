@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from specdec import options
+from specdec import option_forms
 from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
                                      load_options)
 from specdec.errors import SpecdecError
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args.limit, "--limit")
     check_positive(args.max_new_tokens, "--max-new-tokens")
     check_positive(args.repeats, "--repeats")
-    base = options.from_args(args)  # the sampling every method shares; a method adds its own options
+    base = option_forms.from_args(args)  # the sampling every method shares; a method adds its own options
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")

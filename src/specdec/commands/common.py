@@ -63,29 +63,31 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed")
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     """The sampling flags alone (``specdec bench``: the drafting options are in its method specs)."""
-    from specdec import options
+    from specdec import option_forms
+    from specdec.options import all_options
 
-    drafting = [o.name for o in options.all_options() if o.name not in SAMPLING]
-    options.add_arguments(parser, skip=tuple(drafting))
+    drafting = [o.name for o in all_options() if o.name not in SAMPLING]
+    option_forms.add_arguments(parser, skip=tuple(drafting))
 
 
 def add_generation_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), **defaults) -> None:
     """Every generation option (and model options such as ``--memory``) as flags, plus
     ``--draft-model``; from the specs in :mod:`specdec.options`, drafters' own options included."""
-    from specdec import options
+    from specdec import option_forms
 
     parser.add_argument("--draft-model", help="the drafter's model, for drafters that use one")
-    options.add_arguments(parser, skip=skip, defaults=defaults)
+    option_forms.add_arguments(parser, skip=skip, defaults=defaults)
 
 
 def generation_options(args: argparse.Namespace):
     """The validated :class:`~specdec.options.GenerationOptions` the flags chose; also checks the
     model options, the draft model's presence and the dtype (before any model loads)."""
-    from specdec import options
+    from specdec import option_forms
+    from specdec.options import all_options
     from specdec.registry import BACKENDS, DRAFTERS
 
-    chosen = options.from_args(args)
-    for opt in options.all_options():
+    chosen = option_forms.from_args(args)
+    for opt in all_options():
         if opt.scope == "model" and hasattr(args, opt.name):
             wrong = opt.problem(getattr(args, opt.name))
             if wrong:

@@ -20,7 +20,7 @@ from specdec import tree as trees
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafters.grow import best_chain
-from specdec.drafters.model import DraftTokens
+from specdec.drafters.draft_tokens import DraftTokens
 from specdec.drafters.recycle import RecycleDrafter, build_recycle
 from specdec.drafters.self_head import DraftHead
 from specdec.drafters.self_spec import HEAD_ROWS_OPTION, SELF, SelfDrafter, shared_state

@@ -33,7 +33,7 @@ from specdec.backends.base import Backend
 from specdec.context import DraftContext, LayerAccess, LearnedSlot
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.model import DraftTokens, decile
+from specdec.drafters.draft_tokens import DraftTokens, decile
 from specdec.drafters.self_head import HEAD_ROWS, DraftHead, head_for
 from specdec.drafters.self_timing import Measured, StepClock, head_seconds
 from specdec.errors import SpecdecError

@@ -6,7 +6,7 @@ ignored; ones that would change the answer and are not supported (``n`` > 1, ``l
 
 specdec's own fields (``drafter``, ``num_draft``, ``policy``, ``tree``, ``verify`` and every
 drafter-declared option; the openai client sends them with ``extra_body``) are not spelled out
-here: :func:`with_specdec_fields` adds one per option of :func:`specdec.options.server_fields`
+here: :func:`with_specdec_fields` adds one per option of :func:`specdec.option_forms.server_fields`
 that OpenAI has no field for, when the app is built. They are typed here and checked by
 :meth:`specdec.options.GenerationOptions.validate`, so a bad value reads as it does on the CLI.
 """
@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model, \
     model_validator
 
-from specdec import options
+from specdec import option_forms
 from specdec.options import Option
 
 Number = StrictInt | StrictFloat
@@ -98,7 +98,7 @@ Request = TypeVar("Request", bound=Common)
 def specdec_fields() -> list[Option]:
     """The options a body may set that OpenAI has no field for (``temperature`` and the like are
     OpenAI's, with OpenAI's defaults, in :class:`Common`)."""
-    return [o for o in options.server_fields() if o.name not in Common.model_fields]
+    return [o for o in option_forms.server_fields() if o.name not in Common.model_fields]
 
 
 def with_specdec_fields(request: type[Request]) -> type[Request]:
