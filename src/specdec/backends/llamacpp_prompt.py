@@ -11,6 +11,13 @@ layout, and copies the sequence's cache into the decoding context (``llama_state
 ``set_data``). It exists only where llama.cpp repacks a tensor of the model on this CPU
 (:func:`specdec.backends.llamacpp_weights.load_model`): SmolLM2's Q4_1 weights have no repacked
 form, so its prompts are computed as its decoding steps are.
+
+:class:`PromptCache` keeps the caches of recent prompts, so that a prompt that begins like one of
+them (a system prompt, the same file or document, an earlier turn) computes only the rest. Its
+cells must be those a cold fill leaves: under one-row kernels any beginning will do; in the
+runner's micro-batches the repacked GEMM computes rows in groups of :data:`GEMM_ROWS` and the rows
+left over at a micro-batch's end on the GEMV, so a beginning is reused only to a multiple of that
+group, after which the rest falls into groups, and a tail, exactly as a cold fill's.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ import threading
 from specdec.backends.llamacpp_kernels import Kernels, Layout, context_params
 from specdec.backends.llamacpp_lib import decode, lib
 from specdec.errors import SpecdecError
+
+# Rows the repacked GEMM takes at a time (ggml-cpu's repack.cpp; the rest of a micro-batch runs on
+# the GEMV): a cached beginning that ends on a multiple of it leaves every later row on the kernel
+# a cold fill gives it.
+GEMM_ROWS = 4
 
 
 def seq_state(ctx, seq: int) -> tuple[object, int]:
@@ -60,15 +72,24 @@ class PromptRunner:
             self._contexts[layout] = (ctx, llama.llama_batch_init(self.n_batch, 0, 1))
         return self._contexts[layout]
 
-    def fill(self, target_ctx, layout: Layout, seq: int, tokens: list[int]) -> None:
-        """Compute ``tokens`` from position 0 and put their cache into sequence ``seq`` of
-        ``target_ctx`` (a context with ``layout``, where ``seq`` is empty)."""
+    def fill(self, target_ctx, layout: Layout, seq: int, tokens: list[int],
+             begun: tuple[int, object, int] | None = None) -> None:
+        """Compute ``tokens`` and put their cache into sequence ``seq`` of ``target_ctx`` (a context
+        with ``layout``, where ``seq`` is empty): from position 0, or after ``begun``, a
+        :meth:`PromptCache.lookup` hit (its length, state and size) whose length is a multiple of
+        :data:`GEMM_ROWS`."""
         llama = lib()
         with self._lock:
             ctx, batch = self._context(layout)
-            llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
+            mem = llama.llama_get_memory(ctx)
+            llama.llama_memory_clear(mem, True)
+            first = 0
+            if begun is not None:
+                first, state, size = begun  # another length would move rows between GEMM and GEMV
+                load_seq_state(ctx, 0, state, size)
+                llama.llama_memory_seq_rm(mem, 0, first, -1)
             step = self.n_batch
-            for start in range(0, len(tokens), step):
+            for start in range(first, len(tokens), step):
                 chunk = tokens[start:start + step]
                 batch.n_tokens = len(chunk)
                 for i, tok in enumerate(chunk):
@@ -96,16 +117,17 @@ class PromptRunner:
 
 class PromptCache:
     """The caches of recent prompts, so that a prompt that begins like one of them (a chat
-    template's system prompt, an earlier turn) computes only the rest.
+    template's system prompt, the same document, an earlier turn) computes only the rest.
 
-    Only for exact kernels without a :class:`PromptRunner`: their k-token forward equals k one-token
-    forwards bit for bit, so the cells of a beginning are the same whichever forward made them, and
-    a prompt filled from the cache gets the logits it gets cold. Not for sliding-window models: a
-    sequence's copy leaves out the cells outside its window, which a shorter prompt still needs.
+    Only for exact kernels: a beginning's cells are then the same whichever forward made them (one-row
+    kernels), or whichever prompt's fill made them, cut at a multiple of ``align`` rows (a
+    :class:`PromptRunner`'s micro-batches, see the module), so a prompt filled from the cache gets
+    the logits it gets cold. Not for sliding-window models: a sequence's copy leaves out the cells
+    outside its window, which a shorter prompt still needs.
     """
 
-    def __init__(self, entries: int = 8, min_tokens: int = 16) -> None:
-        self.entries, self.min_tokens = entries, min_tokens
+    def __init__(self, entries: int = 8, min_tokens: int = 16, align: int = 1) -> None:
+        self.entries, self.min_tokens, self.align = entries, min_tokens, align
         self._saved: list[tuple[Layout, tuple[int, ...], object, int]] = []  # most recent last
         self._lock = threading.Lock()
         self.hits = 0  # prompts filled from the cache, and the tokens that saved
@@ -119,7 +141,7 @@ class PromptCache:
             for saved_layout, saved, state, size in self._saved:
                 if saved_layout != layout:
                     continue
-                n = _common(saved, tokens)
+                n = _common(saved, tokens) // self.align * self.align
                 if n >= self.min_tokens and (best is None or n > best[0]):
                     best = (n, state, size)
         return best
@@ -148,9 +170,13 @@ class PromptCache:
         load_seq_state(ctx, seq, state, size)
         llama = lib()
         llama.llama_memory_seq_rm(llama.llama_get_memory(ctx), seq, common, -1)  # the saved prompt's rest
-        self.hits += 1
-        self.tokens_saved += common
+        self.count(hit)
         return common
+
+    def count(self, hit: tuple[int, object, int]) -> None:
+        """Count a hit used elsewhere (a :class:`PromptRunner` loads it into its own context)."""
+        self.hits += 1
+        self.tokens_saved += hit[0]
 
 
 def _common(a: tuple[int, ...], b: list[int]) -> int:

@@ -110,11 +110,16 @@ class LlamaCppSequence(Backend):
         check_extend(tokens)
         self._check_room(tokens)
         if runner is not None:
+            hit = cache.lookup(self.layout, tokens) if cache is not None else None
             with self._kv:  # batched: no tick decodes while the prompt runs and lands in the shared context
-                runner.fill(self.ctx, self.layout, self.seq0, tokens)
+                runner.fill(self.ctx, self.layout, self.seq0, tokens, hit)
+                if cache is not None:
+                    cache.save(self.layout, tokens, self.ctx, self.seq0)
+            if hit is not None:
+                cache.count(hit)
             self.tokens = tokens
             self._floor = runner.floor(len(tokens))
-            return 0
+            return 0 if hit is None else hit[0]
         hit = cache.lookup(self.layout, tokens)
         if hit is not None:
             with self._kv:

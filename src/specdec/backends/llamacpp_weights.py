@@ -12,7 +12,7 @@ import os
 
 from specdec.backends.llamacpp_kernels import REPACKED_ROWS, Layout, choose_kernels, context_params
 from specdec.backends.llamacpp_lib import lib, log_captured
-from specdec.backends.llamacpp_prompt import PromptCache, PromptRunner
+from specdec.backends.llamacpp_prompt import GEMM_ROWS, PromptCache, PromptRunner
 from specdec.errors import SpecdecError
 
 MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
@@ -41,15 +41,15 @@ class LlamaCppWeights:
         # How an empty sequence's prompt is filled (exact kernels only; fast kernels would make a
         # cached beginning differ from a computed one): where decoding is capped at a few rows a
         # micro-batch, in a context of full micro-batches (the repacked GEMM; the same cache for
-        # every generation of the prompt), else from the caches of recent prompts where the model
-        # has no sliding window.
+        # every generation of the prompt); and where the model has no sliding window, starting
+        # from the caches of recent prompts (cut to the GEMM's row groups after a runner).
         self.prompt: PromptRunner | None = None
         self.prompts: PromptCache | None = None
         if self.kernels.exact:
             if self.n_ubatch < n_batch:
                 self.prompt = PromptRunner(self.model, self.kernels, self.n_batch, self.n_threads)
-            elif llama_cpp.llama_model_n_swa(self.model) == 0:
-                self.prompts = PromptCache()
+            if llama_cpp.llama_model_n_swa(self.model) == 0:
+                self.prompts = PromptCache(align=GEMM_ROWS if self.prompt is not None else 1)
 
     @property
     def exact(self) -> bool:
