@@ -210,6 +210,20 @@ def test_an_abandoned_stream_gives_its_backend_back(tiny, counted_pool):
     assert counted_pool == []  # every generation reused the one backend
 
 
+def test_a_run_closed_before_its_first_step_gives_its_backend_back(tiny, counted_pool):
+    """A server's client that leaves between the start of its generation and its first step: the
+    run was never iterated, and closing it must still close its drafter and release its backend."""
+    idle = len(tiny.pool._idle)
+    drafter = FailingDrafter(fail_after=100)
+    run = tiny.start("the quick brown fox", max_new_tokens=20, drafter=drafter)
+    assert len(tiny.pool._idle) == idle - 1
+    run.close()
+    assert len(tiny.pool._idle) == idle and drafter.closed
+    run.close()  # again: nothing more to give back
+    assert len(tiny.pool._idle) == idle
+    assert counted_pool == []
+
+
 class FailingDrafter(Drafter):
     """Drafts nothing for a few steps, then raises (a bug in someone's drafter)."""
 

@@ -178,3 +178,53 @@ def test_a_sequence_prices_its_rows_on_top_of_the_others_and_leaves_the_curve_to
     assert margin.ratio(3) == pytest.approx(margin.forward(3) / curve.unit)
     margin.observe(1, 50.0)  # a sequence's own wait holds the others' rows: ticks teach the curve
     assert curve.observations == 0 and curve.unit == 1.0
+
+
+@pytest.fixture(scope="module")
+def served_pair():
+    """(url, model, draft model) of a batched server whose requests draft with a draft model: both
+    models' forwards batched (SmolLM2 drafting for a second load of itself)."""
+    model = specdec.load(MODEL, backend="llamacpp")
+    draft = specdec.load(MODEL, backend="llamacpp")
+    server = Server(model, draft, config=ServeConfig(slots=8, max_tokens=24))
+    assert model.batched is not None and draft.batched is not None
+    server.warm_up()
+    draft.batched.trace = []  # rows per submission of every draft tick
+    with serving(server.app()) as url:
+        yield url, model, draft
+
+
+def test_drafting_requests_share_draft_model_forwards_and_answer_as_alone(alone, served_pair):
+    url, model, draft = served_pair
+    # A fixed draft length: a draft model as slow as its target would never pay, and the adaptive
+    # policy would not run it.
+    bodies = [{"model": model.name, "messages": [{"role": "user", "content": PROMPTS[i % 8]}],
+               "max_tokens": 24, "temperature": 0, "drafter": "model" if i % 4 else "none", "policy": "fixed",
+               "num_draft": 3, "lookup": False} for i in range(16)]
+    expected = {p: alone.generate(p, chat=True, max_new_tokens=24, drafter="none").text for p in PROMPTS}
+    report = asyncio.run(run_load(url, bodies, clients=8, time_limit=240, path="/v1/chat/completions", stream=True))
+    assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
+    for i, body in enumerate(bodies):
+        assert report.indexed[i].text == expected[body["messages"][0]["content"]]
+    shared = [rows for rows, _ in draft.batched.trace if len(rows) > 1]
+    assert len(shared) > 0.3 * len(draft.batched.trace), "drafts were not batched across requests"
+
+
+def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, served_pair):
+    url, model, draft = served_pair
+    body = {"model": model.name, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 200,
+            "temperature": 0, "stream": True, "drafter": "model", "policy": "fixed", "num_draft": 3,
+            "lookup": False}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # under way, then gone
+    deadline = time.time() + 10
+    while model.batched._active or draft.batched._active:
+        assert time.time() < deadline, (f"the abandoned generation kept its rows in a batch: target "
+                                        f"{model.batched._active}, draft {draft.batched._active}")
+        time.sleep(0.05)
+    expected = alone.generate(PROMPTS[1], chat=True, max_new_tokens=24, drafter="none").text
+    body = {**body, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 24, "stream": False}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()[
+        "choices"][0]["message"]["content"] == expected

@@ -382,12 +382,11 @@ class Model:
         """
         run = self.start(prompt, **kwargs)
         deltas = TextDeltas(self.codec, StopStrings(list(run.options.stop), self.codec))
-        steps = iter(run)
         try:
-            for step in steps:
+            for step in run:
                 yield step, deltas.update(run.result.token_ids, run.done)
         finally:
-            steps.close()
+            run.close()
 
     def finish(self, run: DecodeRun, gen: Generation, stop: str | Sequence[str] | None = None) -> Output:
         text = StopStrings(stop, self.codec).visible(self.codec.final_text(gen.token_ids))

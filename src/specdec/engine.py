@@ -88,6 +88,9 @@ class DecodeRun:
         self.options: Any = None  # the GenerationOptions it was started with (set by the API)
         self._release = release
         self._started = False
+        self._running = False  # its steps began (so closing its iterator runs its clean-up)
+        self._closed = False
+        self._iterator: Iterator[StepTrace] | None = None
 
     def run(self) -> Generation:
         """Run to the end (or return the result of a run that already ended)."""
@@ -103,13 +106,33 @@ class DecodeRun:
         if self._started:
             raise SpecdecError("a DecodeRun can be iterated only once; its result is in .result")
         self._started = True
+        self._iterator = self._iterate()
+        return self._iterator
+
+    def _iterate(self) -> Iterator[StepTrace]:
+        self._running = True
         try:
             yield from self._steps()
         finally:
-            self.drafter.close()
-            if self._release is not None:
-                self._release(self.target)
-                self._release = None
+            self._finish()
+
+    def close(self) -> None:
+        """End the generation where it is: its drafter is closed and its backend released, also
+        when it was never iterated (a server's client that left before the first step). Not while
+        another thread is computing one of its steps."""
+        if self._running and self._iterator is not None:
+            self._iterator.close()  # runs the iteration's clean-up
+        self._started = True
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.drafter.close()
+        if self._release is not None:
+            self._release(self.target)
+            self._release = None
 
     def _steps(self) -> Iterator[StepTrace]:
         cfg, stats, out = self.config, self.result.stats, self.result.token_ids

@@ -7,7 +7,8 @@ new file implementing these members, registered with :func:`specdec.registry.bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -75,7 +76,14 @@ class Backend(ABC):
         return costs
 
     def idle(self) -> None:
-        """The backend went back to its pool: it will not step until its next generation starts."""
+        """The backend went back to its pool, or waits between bursts of forwards (a draft model
+        between drafts): no batch should wait for it until it steps again."""
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """A burst of forwards (a draft): a backend whose forwards are batched with other
+        sequences' lets its batches wait for this one while the block runs."""
+        yield
 
 
 def check_extend(tokens: Sequence[int], tree: Sequence[int] | None = None, supports_tree: bool = False) -> None:

@@ -26,7 +26,8 @@ import ctypes
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -222,9 +223,7 @@ class SharedSequences:
                 n += 1
         batch.n_tokens = n
         with self.kv:
-            t0 = time.perf_counter()
-            decode(self.ctx, batch)
-            seconds = time.perf_counter() - t0
+            seconds = decode(self.ctx, batch)
             base = ctypes.cast(lib().llama_get_logits(self.ctx), ctypes.c_void_p).value
             vocab, row = self.weights.vocab_size, 0
             for sub in chosen:
@@ -284,8 +283,17 @@ class SequenceBackend(LlamaCppSequence):
         self.shared.join(self.slot)
 
     def idle(self) -> None:
-        """Back in the pool: no tick waits for this sequence until it starts again."""
+        """Back in the pool, or between bursts: no tick waits for this sequence until it steps again."""
         self.shared.leave(self.slot)
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Ticks wait for this sequence while the block runs (a draft model's burst of forwards)."""
+        self.shared.join(self.slot)
+        try:
+            yield
+        finally:
+            self.shared.leave(self.slot)
 
     def forward_costs(self, costs: CostModel) -> Costs:
         return MarginalCosts(costs, lambda: self.shared.others(self.slot))

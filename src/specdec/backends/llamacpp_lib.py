@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 
 from specdec.errors import SpecdecError
 
 _state = {"decoded": False, "quiet": None}  # whether a forward ran; the silencing callback (kept alive)
+# One forward at a time in the process: each llama_decode already runs on every core (its own
+# thread team), so two at once (a target's batch and a draft model's, or two requests' models)
+# would only share the cores worse.
+_DECODE = threading.Lock()
 
 
 @lru_cache(maxsize=1)
@@ -51,11 +57,17 @@ def log_captured() -> Iterator[list[bytes]]:
         llama_cpp.llama_log_set(_state["quiet"], ctypes.c_void_p(0))
 
 
-def decode(ctx, batch) -> None:
-    """``llama_decode``, failing loudly; every forward of specdec's goes through here."""
+def decode(ctx, batch) -> float:
+    """``llama_decode``, failing loudly; every forward of specdec's goes through here. The seconds
+    it computed (not counting a wait for another forward to end)."""
     _state["decoded"] = True
-    if lib().llama_decode(ctx, batch) != 0:
+    with _DECODE:
+        t0 = time.perf_counter()
+        failed = lib().llama_decode(ctx, batch) != 0
+        seconds = time.perf_counter() - t0
+    if failed:
         raise RuntimeError("llama_decode failed")
+    return seconds
 
 
 def has_decoded() -> bool:

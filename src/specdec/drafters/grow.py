@@ -10,14 +10,18 @@ from collections.abc import Callable, Hashable
 from specdec.types import Draft
 
 MIN_PATH = 0.02  # nodes less likely than this to be reached add nothing worth a verified row
+# Most nodes a tree grows: every node costs a verified row and a tree's branches share its few
+# likely tokens, so past this a tree only costs drafting time (a chain may go longer: copying).
+MAX_TREE_NODES = 16
 
 # path (draft tokens from the root) -> candidates (token, P(accepted | parent accepted), features), best first
 Expand = Callable[[list[int]], list[tuple[int, float, Hashable]]]
 
 
 def best_first_tree(expand: Expand, k: int, width: int, min_path: float = MIN_PATH) -> Draft:
-    """Pop the likeliest candidate, add its children, until ``k`` nodes; every prefix of the result
-    is the best tree of its size, so a policy can keep the size that pays.
+    """Pop the likeliest candidate, add its children, until ``k`` nodes (at most
+    :data:`MAX_TREE_NODES`); every prefix of the result is the best tree of its size, so a policy
+    can keep the size that pays.
 
     Siblings are disjoint events (the target picks one token), so estimates that add up past 1
     are scaled down together.
@@ -41,6 +45,7 @@ def best_first_tree(expand: Expand, k: int, width: int, min_path: float = MIN_PA
                 heapq.heappush(heap, (-reach * conf, order, parent, token, feats, conf))
                 order += 1
 
+    k = min(k, MAX_TREE_NODES)
     push(-1, [], 1.0)
     while heap and len(tokens) < k:
         neg, _, parent, token, feats, conf = heapq.heappop(heap)

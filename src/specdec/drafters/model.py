@@ -4,65 +4,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from specdec.backends.base import Backend
-from specdec.context import LearnedSlot
 from specdec.costs import CostModel
 from specdec.drafters.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
-from specdec.errors import SpecdecError
+from specdec.drafters.draft_model import (LOOKUP_ACCEPTANCE, bridged, draft_backend, draft_costs,
+                                          model_table)
+from specdec.drafters.draft_tokens import DraftTokens, decile
+from specdec.drafters.grow import MAX_TREE_NODES
+from specdec.drafters.ngram import NgramDrafter
 from specdec.options import Option
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler
-from specdec.vocab import VocabBridge
 from specdec.types import Draft, Verdict
 
 WIDTH = 3  # most children a tree node gets (the drafter's top tokens)
 LOOKUP_MIN = 0.5  # the n-gram index drafts instead of the model when its first token is this likely
 MIN_PATH = 0.02  # nodes less likely than this to be reached are not worth a verified row
-
-
-def model_table() -> AcceptanceTable:
-    """Acceptance by the decile of the drafter's own probability (and, in trees, by sibling rank)."""
-    return AcceptanceTable(prior=lambda f: f[0] / 10 + 0.05, bucket=lambda f: f)
-
-
-@dataclass
-class DraftTokens:
-    """A draft being built: tokens with what verification and the policy need about each."""
-
-    want_q: bool
-    tokens: list[int] = field(default_factory=list)
-    qs: list[torch.Tensor] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)
-    confidence: list[float] = field(default_factory=list)
-    features: list[tuple] = field(default_factory=list)
-
-    def add(self, token: int, q: torch.Tensor, feats: tuple, table: AcceptanceTable) -> float:
-        """Add ``token`` drawn from ``q``; its estimate comes from ``table``."""
-        estimate = table.estimate(feats)
-        self.append(token, float(q[token]), estimate, feats, q)
-        return estimate
-
-    def append(self, token: int, prob: float, estimate: float, feats: tuple, q: torch.Tensor | None) -> None:
-        """Add ``token`` with its probability under the draft and its acceptance estimate (``q`` is
-        kept only when rejection sampling needs it)."""
-        self.tokens.append(token)
-        if self.want_q:
-            self.qs.append(q)
-        self.probs.append(prob)
-        self.confidence.append(estimate)
-        self.features.append(feats)
-
-    def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None,
-              verify_cost: Callable[[int], float] | None = None) -> Draft:
-        q = torch.stack(self.qs) if self.qs else None
-        return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, parents=parents,
-                     extra=extra, verify_cost=verify_cost)
 
 
 class ModelDrafter(Drafter):
@@ -110,7 +71,11 @@ class ModelDrafter(Drafter):
     def token_cost(self, tokens: Sequence[int] = ()) -> float:
         if self.lookup is not None and tokens and self._copies(tokens):
             return 0.0
-        return self.costs().forward(1) if self.costs is not None else 0.0
+        if self.costs is None:
+            return 0.0
+        # In a server whose draft model steps every request's drafts together, a token costs this
+        # sequence's row on top of the others' (the curve itself when it drafts alone).
+        return self.backend.forward_costs(self.costs()).forward(1)
 
     def _copies(self, tokens: Sequence[int]) -> bool:
         """Whether the n-gram index has a likely continuation here (the context repeats itself)."""
@@ -121,6 +86,7 @@ class ModelDrafter(Drafter):
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         super().begin(prompt, sampler)
         self.backend.reset()
+        self.backend.idle()  # batched with other requests' drafts: only while it drafts (propose)
         self.cached = []
         self._siblings = torch.Generator().manual_seed(sampler.seed % 2**63)
         self._copied = False
@@ -175,9 +141,13 @@ class ModelDrafter(Drafter):
             # Where the context repeats itself the index drafts for free what the draft model
             # would spend a forward a token on (and is right about as often, copying code).
             return self.lookup.propose(tokens, k, stop)
-        logits = self._sync(tokens)
-        if self.tree:
-            return self._propose_tree(tokens, k, logits)
+        with self.backend.busy():
+            logits = self._sync(tokens)
+            if self.tree:
+                return self._propose_tree(tokens, k, logits)
+            return self._propose_chain(tokens, k, logits, stop)
+
+    def _propose_chain(self, tokens: list[int], k: int, logits: torch.Tensor, stop: StopDrafting | None) -> Draft:
         out = self._new_draft()
         forwards = 1
         for i in range(k):
@@ -192,6 +162,7 @@ class ModelDrafter(Drafter):
         return out.draft(forwards)
 
     def _propose_tree(self, tokens: list[int], k: int, logits: torch.Tensor) -> Draft:
+        k = min(k, MAX_TREE_NODES)
         out = self._new_draft()
         parents: list[int] = []
         reach: list[float] = []  # estimated probability that verification reaches each node
@@ -259,56 +230,12 @@ class ModelDrafter(Drafter):
             self._release = None
 
 
-def decile(prob) -> int:
-    return min(int(float(prob) * 10), 9)
-
-
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     n = 0
     stop = min(len(a), len(b), limit)
     while n < stop and a[n] == b[n]:
         n += 1
     return n
-
-
-# Kept on the draft model, per target (its drafts' acceptance depends on both); the bridge on the
-# target, per draft model (made with both codecs, so it has no default maker).
-MODEL_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot("model-acceptance", lambda: model_table())
-LOOKUP_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot("model-lookup-acceptance",
-                                                              lambda: AcceptanceTable(ngram_prior, ngram_bucket))
-VOCAB_BRIDGE: LearnedSlot = LearnedSlot("vocab-bridge", lambda: None)
-
-
-def draft_backend(request: DraftRequest) -> tuple[Backend, AcceptanceTable, Callable[[Backend], None]]:
-    """A backend on the draft model, the acceptance table learned for this pair, and how to give
-    the backend back."""
-    target, draft = request.target, request.draft
-    if draft is None:
-        raise SpecdecError("this drafter needs a draft model (--draft-model)")
-    table = draft.state(MODEL_ACCEPTANCE.named(f"for-{target.name}"))
-    return draft.pool.take(), table, draft.pool.give
-
-
-def draft_costs(request: DraftRequest) -> Callable[[], CostModel]:
-    """The draft model's forward-cost curve (measured on first use, once per machine)."""
-    return request.draft.costs
-
-
-def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
-    """``inner`` itself when draft and target share a vocabulary; otherwise wrapped to propose
-    target tokens through a vocabulary bridge (:mod:`specdec.drafters.cross`)."""
-    target, draft = request.target, request.draft
-    if target.codec.same_vocabulary(draft.codec):
-        return inner
-    from specdec.drafters.cross import CrossVocabDrafter
-
-    try:
-        bridge = target.state(VOCAB_BRIDGE.named(draft.name), lambda: VocabBridge(
-            target.codec, draft.codec, target.logit_width(), draft.logit_width()))
-        return CrossVocabDrafter(inner, bridge, target.eos, draft.eos)
-    except BaseException:
-        inner.close()
-        raise
 
 
 LOOKUP_OPTION = Option(

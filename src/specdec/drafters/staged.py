@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 from specdec.drafters.base import StopDrafting
 from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter, bridged, decile, draft_backend, draft_costs
+from specdec.drafters.draft_model import bridged, draft_backend, draft_costs
+from specdec.drafters.draft_tokens import decile
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler
@@ -49,6 +51,10 @@ class StagedDrafter(ModelDrafter):
         if k <= 0:
             return Draft([])
         tokens = list(tokens)
+        with self.backend.busy():
+            return self._propose_staged(tokens, k, stop)
+
+    def _propose_staged(self, tokens: list[int], k: int, stop: StopDrafting | None) -> Draft:
         rows = [self._sync(tokens)]  # rows[j]: the draft model's logits after the j-th token fed
         guess: list[int] = []
         out = self._new_draft()

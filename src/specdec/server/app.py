@@ -17,7 +17,7 @@ from contextlib import aclosing, asynccontextmanager
 import anyio
 from fastapi import FastAPI, Request
 
-from specdec import options
+from specdec import option_forms
 from specdec.api import Model, Output
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
@@ -47,6 +47,10 @@ class Server:
             self.config.batch = model.can_batch
         if self.config.batch and model.batched is None:
             model.enable_batching(self.config.slots)
+        # The draft model's forwards too: every drafting request's draft-model forward at one draft
+        # position goes into one forward (each drafter joins those batches only while it drafts).
+        if self.config.batch and draft_model is not None and draft_model.can_batch and draft_model.batched is None:
+            draft_model.enable_batching(self.config.slots)
 
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
@@ -90,7 +94,7 @@ class Server:
                                           seed=req.seed, stop=req.stop or ())
         chosen = {o.name: getattr(req, o.name, None) for o in specdec_fields()}
         try:
-            return options.from_body(chosen, base)
+            return option_forms.from_body(chosen, base)
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param=getattr(exc, "option", None)) from None
 
@@ -100,18 +104,24 @@ class Server:
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
+    async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions) -> DecodeRun:
+        """A started generation; a request cancelled meanwhile still gets it, and closes it."""
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(self._start, prompt, opts)
+
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
                        t0: float) -> Output:
         """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
         request came (its latency is observed once the answer is complete)."""
         async with self.scheduler.slot():
-            run = await anyio.to_thread.run_sync(self._start, prompt, opts)
+            run = await self._started(prompt, opts)
             try:
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for _ in steps:
                         if await request.is_disconnected():
                             break
             finally:
+                run.close()  # no step is in flight here: the scheduler's steps are closed
                 self.metrics.generation(run.result.stats)
             out = self.model.finish(run, run.result, opts.stop)
         self.metrics.latency.observe(time.perf_counter() - t0)
@@ -123,7 +133,7 @@ class Server:
         generation has started, then one chunk per step that released text, the finish reason,
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
-            run = await anyio.to_thread.run_sync(self._start, prompt, opts)
+            run = await self._started(prompt, opts)
             deltas = TextDeltas(self.model.codec, StopStrings(list(opts.stop), self.model.codec))
             first = True
             try:
@@ -142,6 +152,9 @@ class Server:
                     yield sse(answer.usage_chunk(run.result.stats, run.result.seed))
                 yield "data: [DONE]\n\n"
             finally:
+                # Also when the client left before the first step: the run's backend (its sequence
+                # in the batches) goes back now, not when the abandoned stream is collected.
+                run.close()
                 self.metrics.generation(run.result.stats)
                 self.metrics.latency.observe(time.perf_counter() - t0)
 

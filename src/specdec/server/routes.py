@@ -112,5 +112,18 @@ async def streamed(events: AsyncIterator[str]) -> StreamingResponse:
             with anyio.CancelScope(shield=True):
                 await events.aclose()
 
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return ClosingStream(body(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class ClosingStream(StreamingResponse):
+    """A streaming response that closes its events however it ends: cancelled while sending to a
+    client that left, Starlette would leave them to the garbage collector, and the generation
+    would hold its sequence in the batch until then."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()

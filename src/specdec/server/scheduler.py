@@ -65,4 +65,4 @@ class Scheduler:
             while (step := await self.run(next, steps, None)) is not None:
                 yield step
         finally:
-            steps.close()  # hands the backend back now, also when the client went away
+            run.close()  # hands the backend back now, also when the client went away
