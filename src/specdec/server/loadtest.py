@@ -4,7 +4,12 @@ report gives failures, latency and time-to-first-token percentiles, total tokens
 answers differ from the same request's answer at the first concurrency level (served alone when
 that level is 1).
 
-    python -m specdec.server.loadtest --url http://127.0.0.1:8000 --clients 1,4,8,16 --requests 16
+    python -m specdec.server.loadtest --url http://127.0.0.1:8000 --clients 1,4,8,16 --requests 32 \
+        --questions humaneval,spec-bench
+
+``--questions`` names prompt sets shipped with specdec (or ``.jsonl`` files; comma-separated): the
+requests take their prompts from each in turn (``humaneval,spec-bench``: the first HumanEval
+problem, the first Spec-Bench question, the second of each, ...; Spec-Bench's in category order).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
@@ -129,6 +133,22 @@ async def _streamed(http, url: str, body: dict) -> Result:
                   first_s=first)
 
 
+def mixed_prompts(sources: list[str]) -> list[str]:
+    """The prompts of several prompt sets, taken from each in turn (Spec-Bench's one category after
+    another: its first question of each category, then the second, ...)."""
+    from itertools import zip_longest
+
+    from specdec.bench.questions import load_questions
+
+    lists = []
+    for source in sources:
+        by_category: dict[str, list[str]] = {}
+        for q in load_questions(source):
+            by_category.setdefault(q.category, []).append(q.prompt)
+        lists.append([p for round_ in zip_longest(*by_category.values()) for p in round_ if p is not None])
+    return [p for round_ in zip_longest(*lists) for p in round_ if p is not None]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -136,15 +156,15 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=32, help="requests per level")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--questions", type=Path, default=None, help="Spec-Bench jsonl for the prompts")
+    parser.add_argument("--questions", default=None,
+                        help="prompt sets (spec-bench, humaneval, humaneval-edit) or .jsonl files, comma-separated")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--no-stream", action="store_true", help="whole answers (no time to first token)")
     parser.add_argument("--label", default="", help="a name for this server in the output")
     args = parser.parse_args()
     model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models").json()["data"][0]["id"]
-    prompts = ["Write a short story about a robot who learns to paint."]
-    if args.questions:
-        prompts = [json.loads(line)["turns"][0] for line in args.questions.read_text(encoding="utf-8").splitlines()]
+    prompts = mixed_prompts(args.questions.split(",")) if args.questions else [
+        "Write a short story about a robot who learns to paint."]
     reference: dict[int, str] | None = None
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
