@@ -54,7 +54,9 @@ def test_self_speculation_with_bf16_weights_is_exact(real, bf16_drafter):
     draft = bf16_drafter
     ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
     plain = real.generate(ids, max_new_tokens=24, drafter="none")
-    spec = real.generate(ids, max_new_tokens=24, drafter="model", draft_model=draft, num_draft=4)
+    # A fixed draft length: whether a bf16 copy pays depends on the CPU, and the adaptive policy
+    # may rightly never run it; drafting is what is tested here.
+    spec = real.generate(ids, max_new_tokens=24, drafter="model", draft_model=draft, num_draft=4, policy="fixed")
     assert spec.token_ids == plain.token_ids
     assert spec.stats.acceptance_rate > 0.5
 
@@ -72,7 +74,7 @@ def test_a_seed_gives_the_same_tokens_with_any_drafter(real, bf16_drafter):
     kwargs = dict(max_new_tokens=24, temperature=0.8, seed=7)
     plain = real.generate(ids, drafter="none", **kwargs)
     ngram = real.generate(ids, drafter="ngram", num_draft=4, **kwargs)
-    model = real.generate(ids, drafter="model", draft_model=bf16_drafter, num_draft=4, **kwargs)
+    model = real.generate(ids, drafter="model", draft_model=bf16_drafter, num_draft=4, policy="fixed", **kwargs)
     assert plain.token_ids == ngram.token_ids == model.token_ids
     assert model.stats.accepted > 0
 

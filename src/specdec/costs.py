@@ -33,19 +33,22 @@ class Timed(Protocol):
 
 
 def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequence[int],
-                          repeats: int = 3) -> dict[int, float]:
+                          repeats: int = 3, long_from: int | None = None) -> dict[int, float]:
     """Fastest seconds of one ``extend`` of n tokens after ``context``, for each n in ``sizes``.
 
     Sizes are interleaved within each repeat so machine noise hits all of them alike, and the
     fastest repeat counts (noise only ever adds time: another process on the cores can double a
-    median); the cache is rolled back to ``context`` after every forward.
+    median); the cache is rolled back to ``context`` after every forward. Sizes from ``long_from``
+    on are timed in the first two repeats only (each costs many short forwards).
     """
     base, pool = _at(backend, context)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     backend.extend(pool[:1])  # warm-up: first calls allocate
     backend.truncate(base)
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for n in sizes:
+            if long_from is not None and n >= long_from and repeat >= 2:
+                continue
             tokens = _tokens(pool, n)
             t0 = time.perf_counter()
             backend.extend(tokens)
@@ -131,7 +134,7 @@ class Costs(Protocol):
 class CostModel:
     """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
 
-    Calibrated at every n from 1 to 16 and kept as measured: on a CPU the curve is not monotone
+    Calibrated at every n from 1 to 16 (and at 24, 32, 48 and 64) and kept as measured: on a CPU the curve is not monotone
     (llama.cpp on AVX2: 3 rows cost 3.1x one row, 4 rows 2.6x), and a policy that knows the true
     cost of each count can verify one more token when that makes the forward cheaper.
 
@@ -235,7 +238,11 @@ class CostModel:
             ema.add(self._bounded(n, seconds / self.unit))
 
 
-CALIBRATION_SIZES = tuple(range(1, 17))
+# Every count to 16 (a CPU's curve is not monotone there), then a few long drafts' counts: where a
+# backend's kernels batch many rows well (llama.cpp's fast kernels: 64 rows for 23 one-row
+# forwards on a 1.5B model here), a copied stretch pays drafted long.
+CALIBRATION_SIZES = tuple(range(1, 17)) + (24, 32, 48, 64)
+LONG_FROM = 17
 
 
 def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int = 5) -> CostModel:
@@ -247,7 +254,7 @@ def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int = 
     cache = JsonCache("costs", key)
     found = cache.load(_parse_seconds)
     if found is None:
-        seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats)
+        seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats, long_from=LONG_FROM)
         # The interleaved sizes time every one-token forward right after another shape; the
         # unit is the steady one-token forward of plain decoding, the difference is the switch.
         seconds[1], switch = measure_switch(backend, context, repeats)
