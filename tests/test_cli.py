@@ -84,6 +84,9 @@ def test_compare_reports_speedup_and_identity(capsys, tiny_model_dir):
     stats, base = result["stats"], result["baseline"]["stats"]
     assert result["speedup_ceiling"] == pytest.approx(
         (stats["new_tokens"] / stats["target_forwards"]) / (base["new_tokens"] / base["target_forwards"]), abs=1e-3)
+    gen = result["generation"]  # the same comparison after the prompt, under the same ceiling
+    assert gen["repeats"] == 3 and gen["speedup_ceiling"] == result["speedup_ceiling"]
+    assert gen["speedup_spread"][0] <= gen["speedup"] <= gen["speedup_spread"][1]
 
 
 def test_human_output_prints_text_and_metrics(capsys, tiny_model_dir):
@@ -91,6 +94,7 @@ def test_human_output_prints_text_and_metrics(capsys, tiny_model_dir):
                              "--max-new-tokens", "8", "--compare", "--repeats", "2")
     assert code == 0, err
     assert "speed-up over plain decoding" in err and "over 2 pairs" in err
+    assert "after the prompt (generation alone): " in err
     assert "target forwards: " in err and " speculative vs " in err and "accepted" in err
     assert "mean accepted length" in out + err
 
@@ -108,6 +112,7 @@ def test_compare_never_claims_a_speedup_for_a_run_that_drafts_nothing(capsys, ti
         assert result["stats"]["target_forwards"] == result["baseline"]["stats"]["target_forwards"]
         assert result["speedup_ceiling"] == 1.0
         assert result["verdict"] != "faster", result
+        assert result["generation"]["verdict"] != "faster", result
 
 
 def test_compare_alternates_the_order_and_calls_an_unexplained_speedup_noise(capsys, monkeypatch, tiny_model_dir):

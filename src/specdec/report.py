@@ -12,11 +12,12 @@ from specdec.compare import Comparison, compare, forward_ceiling
 
 def print_generation(out: Output, baseline: Output | None = None, *, drafter: str = "",
                      greedy: bool = True, console: Console | None = None,
-                     comparison: Comparison | None = None) -> None:
+                     comparison: Comparison | None = None, generation: Comparison | None = None) -> None:
     """A metrics table (and the comparison with plain decoding) on stderr.
 
-    ``comparison`` is the speed-up measured over paired runs (``--compare``); without it one pair,
-    ``out`` and ``baseline``, is all there is, and the line says so."""
+    ``comparison`` is the speed-up measured over paired runs (``--compare``), ``generation`` the
+    same after the prompt; without them one pair, ``out`` and ``baseline``, is all there is, and
+    the line says so."""
     err = console or Console(stderr=True)
     table = Table(title=f"drafter: {drafter}", show_header=True, header_style="bold")
     table.add_column("metric")
@@ -44,12 +45,14 @@ def print_generation(out: Output, baseline: Output | None = None, *, drafter: st
         table.add_row(name, str(value), *([str(base)] if baseline else []))
     err.print(table)
     if baseline:
-        err.print(comparison_lines(out, baseline, comparison))
+        err.print(comparison_lines(out, baseline, comparison, generation))
 
 
-def comparison_lines(out: Output, baseline: Output, comparison: Comparison | None = None) -> str:
-    """The speed-up with its spread and verdict, whether the tokens match, and the counters that
-    bound it (a speed-up needs fewer target forwards than plain decoding's)."""
+def comparison_lines(out: Output, baseline: Output, comparison: Comparison | None = None,
+                     generation: Comparison | None = None) -> str:
+    """The speed-up with its spread and verdict (end to end, and after the prompt when measured),
+    whether the tokens match, and the counters that bound it (a speed-up needs fewer target
+    forwards than plain decoding's)."""
     s, b = out.stats, baseline.stats
     if comparison is None:
         comparison = compare([max(b.wall_s, 1e-9)], [max(s.wall_s, 1e-9)],
@@ -57,6 +60,8 @@ def comparison_lines(out: Output, baseline: Output, comparison: Comparison | Non
     line = f"speed-up over plain decoding: [bold]{comparison.describe()}[/bold]"
     same = out.token_ids == baseline.token_ids
     line += f"; identical tokens: {'yes' if same else '[red]NO[/red]'}"
+    if generation is not None:
+        line += f"\nafter the prompt (generation alone): [bold]{generation.describe()}[/bold]"
     counters = (f"target forwards: {s.target_forwards} speculative vs {b.target_forwards} plain for "
                 f"{s.new_tokens} tokens; drafted {s.drafted}, accepted {s.accepted}")
     if comparison.ceiling is not None:
