@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specdec.views.browser import chromium
+from specdec.views.browser import BROWSERS, DRIVERS, chromium, find
 
 pytestmark = pytest.mark.real
 
@@ -24,12 +24,20 @@ def specdec(*argv: str) -> subprocess.CompletedProcess:
                           timeout=600, env=env)
 
 
-def test_live_trace_and_replay_on_a_real_model(tmp_path):
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """A --live run saving its trace as JSON, and a plain run saving its page, as a user runs them."""
+    folder = tmp_path_factory.mktemp("trace")
     common = ["--chat", "--backend", "llamacpp", "--max-new-tokens", "48"]
-    html, data = tmp_path / "out.html", tmp_path / "out.json"
+    html, data = folder / "out.html", folder / "out.json"
     live = specdec("generate", PROMPT, *common, "--live", "--trace", str(data))
-    assert live.returncode == 0, live.stderr
     plain = specdec("generate", PROMPT, *common, "--drafter", "none", "--trace", str(html))
+    return live, plain, html, data
+
+
+def test_live_trace_and_replay_on_a_real_model(traced):
+    live, plain, html, data = traced
+    assert live.returncode == 0, live.stderr
     assert plain.returncode == 0, plain.stderr
     assert live.stdout == plain.stdout  # greedy: the same text, and stdout carries only the text
     assert "accepted draft" in live.stderr and "mean accepted length" in live.stderr
@@ -41,6 +49,13 @@ def test_live_trace_and_replay_on_a_real_model(tmp_path):
     assert replay.returncode == 0, replay.stderr
     assert doc["text"].split()[0] in replay.stderr and "verify ms" in replay.stderr
 
+
+def test_the_real_models_page_in_chromium(traced):
+    _, plain, html, _ = traced
+    assert plain.returncode == 0, plain.stderr
+    if find(BROWSERS) is None or find(DRIVERS) is None:
+        pytest.skip("no system Chromium: install Debian's chromium and chromium-driver (make test does)")
+    pytest.importorskip("selenium", reason="the page tests drive Chromium with selenium (the dev extra)")
     browser = chromium()
     try:
         browser.get(html.as_uri())
