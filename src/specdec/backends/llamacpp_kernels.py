@@ -50,7 +50,6 @@ class Kernels:
     flash_attn: int
     type_k: int
     type_v: int
-    repack: bool  # repacked weights where llama.cpp has a repacked form (a GEMV for 1-3 rows, a GEMM from 4)
 
     @property
     def exact(self) -> bool:
@@ -59,8 +58,8 @@ class Kernels:
 
 # K and V of different types keep flash attention off its split-KV and tiled paths (both require
 # equal types); q8_0 K with f16 V was the fastest such pair measured here (AVX-512 and AVX2).
-EXACT = Kernels("exact", FLASH_ATTN_ON, GGML_Q8_0, GGML_F16, repack=True)
-FAST = Kernels("fast", FLASH_ATTN_AUTO, GGML_F16, GGML_F16, repack=True)
+EXACT = Kernels("exact", FLASH_ATTN_ON, GGML_Q8_0, GGML_F16)
+FAST = Kernels("fast", FLASH_ATTN_AUTO, GGML_F16, GGML_F16)
 DEFAULT_EXACT = True
 
 

@@ -27,7 +27,7 @@ class LlamaCppWeights:
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = lib()
         self.kernels = choose_kernels(exact)
-        self.model, self.repacked = load_model(path, self.kernels.repack)
+        self.model, self.repacked = load_model(path)
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
         self.path = path
@@ -77,9 +77,10 @@ def load_llamacpp(path: str, **options) -> LlamaCppWeights:
     return LlamaCppWeights(path, **options)
 
 
-def load_model(path: str, repack: bool) -> tuple[object, bool]:
-    """The model (its weights repacked where llama.cpp has a repacked form, if ``repack``), and
-    whether llama.cpp repacked any tensor of it.
+def load_model(path: str) -> tuple[object, bool]:
+    """The model, its weights repacked where llama.cpp has a repacked form (both kernel settings
+    use them: exact decoding keeps to their one-row kernel), and whether llama.cpp repacked any
+    tensor of it.
 
     Only llama.cpp can say the second: whether it repacks a tensor depends on the tensor's type,
     its shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
@@ -91,6 +92,6 @@ def load_model(path: str, repack: bool) -> tuple[object, bool]:
     llama_cpp = lib()
     with log_captured() as lines:
         params = llama_cpp.llama_model_default_params()
-        params.use_extra_bufts = repack
+        params.use_extra_bufts = True
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-    return model, repack and any(b"CPU_REPACK model buffer" in line for line in lines)
+    return model, any(b"CPU_REPACK model buffer" in line for line in lines)
