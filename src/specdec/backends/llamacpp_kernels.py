@@ -88,16 +88,28 @@ def choose_kernels(exact: bool | None) -> Kernels:
     return EXACT
 
 
+def stream_ubatch(rows: int) -> int:
+    """The ``n_ubatch`` that caps a micro-batch at ``rows`` rows in a context of one KV stream per
+    sequence. There llama.cpp slices a batch with ``split_equal``, which admits one sequence more
+    than ``n_ubatch`` before it stops (``cur_seq_set.size() > n_ubatch``), each with at least one
+    row: with ``n_ubatch`` 3, four sequences stepping one row each made a micro-batch of 4 rows, on
+    the repacked GEMM, and served answers parted from the same requests served alone."""
+    return max(1, rows - 1)
+
+
 def context_params(kernels: Kernels, layout: Layout, n_batch: int, n_threads: int, n_ubatch: int | None = None):
     """llama.cpp context parameters for ``kernels`` and a KV ``layout``: ``n_ctx`` cells for up to
     ``n_seq_max`` sequence ids, shared by all of them (``unified``: tree branches share their
     prefix's cells) or split into one stream per id; llama.cpp computes a batch in micro-batches of
     at most ``n_ubatch`` rows (default ``n_batch``)."""
     n_ctx, n_seq_max, unified = layout
+    n_ubatch = n_ubatch or n_batch
+    if not unified and n_seq_max > 1 and n_ubatch < n_batch:
+        n_ubatch = stream_ubatch(n_ubatch)
     params = lib().llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
-    params.n_ubatch = n_ubatch or n_batch
+    params.n_ubatch = n_ubatch
     params.n_threads = n_threads
     params.n_threads_batch = n_threads
     # Keep every sliding-window row so that rolling back within the window works (Gemma 3).
