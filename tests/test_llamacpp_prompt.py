@@ -197,17 +197,20 @@ def qwen_draft():
     return weights
 
 
-def fill_after(weights, first: list[int], second: list[int], align: int) -> tuple[int, bytes]:
+def cells_of(backend: LlamaCppBackend) -> bytes:
+    return bytes(seq_state(backend.ctx, backend.seq0)[0])
+
+
+def fill_after(weights, first: list[int], second: list[int], align: int) -> tuple[int, LlamaCppBackend]:
     """``second`` prefilled after ``first`` went into the prompt cache, the cache cut to ``align``
-    rows: how many rows it reused, and the sequence's cells."""
+    rows: how many rows it reused, and the backend holding it."""
     weights.prompts.align, aligned = align, weights.prompts.align
     try:
         weights.prompts.clear()
         steps(LlamaCppBackend(weights), first, tokens(41, 4))
         backend = LlamaCppBackend(weights)
         backend.reset()
-        reused = backend.prefill(second)
-        return reused, bytes(seq_state(backend.ctx, backend.seq0)[0])
+        return backend.prefill(second), backend
     finally:
         weights.prompts.align = aligned
 
@@ -221,7 +224,7 @@ def cold_cells(weights, prompt: list[int]) -> bytes:
     backend = LlamaCppBackend(weights)
     backend.reset()
     backend.prefill(prompt)
-    return bytes(seq_state(backend.ctx, backend.seq0)[0])
+    return cells_of(backend)
 
 
 def test_a_cached_beginning_after_a_runner_is_cut_to_the_gemm_row_groups(qwen_draft):
@@ -231,12 +234,9 @@ def test_a_cached_beginning_after_a_runner_is_cut_to_the_gemm_row_groups(qwen_dr
     follow = tokens(41, 4)
     expected = cold(qwen_draft, SECOND, follow)
     cells = cold_cells(qwen_draft, SECOND)
-    qwen_draft.prompts.clear()
-    steps(LlamaCppBackend(qwen_draft), FIRST, follow)  # now in the cache
-    backend = LlamaCppBackend(qwen_draft)
-    backend.reset()
-    assert backend.prefill(SECOND) == 148
-    assert bytes(seq_state(backend.ctx, backend.seq0)[0]) == cells
+    reused, backend = fill_after(qwen_draft, FIRST, SECOND, align=4)
+    assert reused == 148
+    assert cells_of(backend) == cells
     assert torch.equal(torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])]), expected)
 
 
@@ -245,8 +245,8 @@ def test_a_cached_beginning_cut_anywhere_else_can_change_the_cells(qwen_draft):
     fall on the GEMV where a cold fill computes them in a 4-row group. With ggml's AVX-512 kernels
     that leaves other cells than a cold fill (so the aligned test can fail); with its AVX2 kernels
     these rows' cells come out the same, and there is nothing to show."""
-    reused, cells = fill_after(qwen_draft, FIRST, SECOND, align=1)
+    reused, backend = fill_after(qwen_draft, FIRST, SECOND, align=1)
     assert reused == 150
-    if cells == cold_cells(qwen_draft, SECOND):
+    if cells_of(backend) == cold_cells(qwen_draft, SECOND):
         pytest.skip("this CPU's repacked GEMM and GEMV leave the same cells for these rows "
                     "(ggml's AVX2 kernels): the misaligned reuse cannot be told apart here")
