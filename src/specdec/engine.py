@@ -88,7 +88,6 @@ class DecodeRun:
         self.options: Any = None  # the GenerationOptions it was started with (set by the API)
         self._release = release
         self._started = False
-        self._running = False  # its steps began (so closing its iterator runs its clean-up)
         self._closed = False
         self._iterator: Iterator[StepTrace] | None = None
 
@@ -110,7 +109,6 @@ class DecodeRun:
         return self._iterator
 
     def _iterate(self) -> Iterator[StepTrace]:
-        self._running = True
         try:
             yield from self._steps()
         finally:
@@ -120,8 +118,8 @@ class DecodeRun:
         """End the generation where it is: its drafter is closed and its backend released, also
         when it was never iterated (a server's client that left before the first step). Not while
         another thread is computing one of its steps."""
-        if self._running and self._iterator is not None:
-            self._iterator.close()  # runs the iteration's clean-up
+        if self._iterator is not None:
+            self._iterator.close()  # runs the iteration's clean-up if its steps began
         self._started = True
         self._finish()
 
