@@ -16,17 +16,37 @@ APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
 setup: $(VENV)/.installed
 
-# torch is pinned to the local CPU wheel first: an unpinned resolution would pull a CUDA build.
-# llama.cpp is built without its llamafile (tinyBLAS) kernels: with them a k-token forward rounds
-# differently from k one-token forwards, and speculative output can part from plain decoding at a
-# near-tie. --no-cache-dir: a cached stock build of the same version would otherwise be reused.
+# llama.cpp as specdec runs it: the llama.cpp source inside llama-cpp-python's sdist with specdec's
+# kernel patch (patches/llama.cpp: multi-row matmul kernels that give every row the one-row kernel's
+# bits, and the self-test that checks it on this CPU at load; the stock library still works, with
+# exact decoding capped at 3 rows a micro-batch). Built without llamafile's tinyBLAS kernels: with
+# them a k-token forward rounds differently from k one-token forwards. The same sdist, unpatched,
+# builds the llama-server peers (make llama-peers).
+LLAMA_VERSION    := 0.3.36
+LLAMA_SDIST      := .build/sdist/llama_cpp_python-$(LLAMA_VERSION).tar.gz
+LLAMA_SRC        := .build/llama-cpp-python
+LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 
-$(VENV)/.installed: pyproject.toml
+$(LLAMA_SDIST):
+	mkdir -p $(dir $@)
+	python3 -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d $(dir $@) \
+	  llama-cpp-python==$(LLAMA_VERSION)
+
+$(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	tar -xzf $(LLAMA_SDIST) -C $(LLAMA_SRC) --strip-components=1
+	for p in $(LLAMA_PATCHES); do patch -p1 -s -d $(LLAMA_SRC)/vendor/llama.cpp < $$p || exit 1; done
+	touch $@
+
+# torch is pinned to the local CPU wheel first: an unpinned resolution would pull a CUDA build.
+# llama-cpp-python is built from the patched source (--no-cache-dir: never a cached stock wheel);
+# the [llamacpp] extra then finds its version installed.
+$(VENV)/.installed: pyproject.toml $(LLAMA_SRC)/.patched
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q --disable-pip-version-check \
-	  --no-cache-dir llama-cpp-python==0.3.36
+	  --no-cache-dir --force-reinstall --no-deps ./$(LLAMA_SRC)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp,ray]'
 	touch $@
 
@@ -63,16 +83,13 @@ $(VLLM_VENV)/.installed:
 # switches only: no tests, and no web UI (its prebuilt assets are downloaded from Hugging Face).
 # About 22 CPU-minutes: some 12 min on 2 idle cores (37 min measured on 2 cores shared with other work).
 LLAMA_PEERS       ?= .peers/llama.cpp
-LLAMA_PEERS_SDIST := llama_cpp_python-0.3.36
 LLAMA_PEERS_BINS  := llama-server llama-speculative-simple llama-bench
 LLAMA_PEERS_JOBS  ?= 2
 llama-peers: $(LLAMA_PEERS)/build/bin/.built
-$(LLAMA_PEERS)/build/bin/.built:
-	mkdir -p $(LLAMA_PEERS)/sdist
-	test -f $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST).tar.gz || python3 -m pip download -q \
-	  --disable-pip-version-check --no-binary :all: --no-deps -d $(LLAMA_PEERS)/sdist llama-cpp-python==0.3.36
-	tar -xzf $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST).tar.gz -C $(LLAMA_PEERS)/sdist
-	cmake -S $(LLAMA_PEERS)/sdist/$(LLAMA_PEERS_SDIST)/vendor/llama.cpp -B $(LLAMA_PEERS)/build \
+$(LLAMA_PEERS)/build/bin/.built: | $(LLAMA_SDIST)
+	rm -rf $(LLAMA_PEERS)/src && mkdir -p $(LLAMA_PEERS)/src
+	tar -xzf $(LLAMA_SDIST) -C $(LLAMA_PEERS)/src --strip-components=1
+	cmake -S $(LLAMA_PEERS)/src/vendor/llama.cpp -B $(LLAMA_PEERS)/build \
 	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 	cmake --build $(LLAMA_PEERS)/build --config Release -j $(LLAMA_PEERS_JOBS) --target $(LLAMA_PEERS_BINS)
 	touch $@
