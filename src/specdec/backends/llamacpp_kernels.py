@@ -6,29 +6,35 @@ rows, the tiled K-quant matmul from 8, repacked-weight GEMM from 4, flash attent
 for one row and tiled path from 64 rows). Speculative output can then part from plain decoding at
 a near-tie. **Exact** kernels (:data:`EXACT`) avoid every batch-shape-dependent path, so a k-token
 forward equals k one-token forwards bit for bit, also with other sequences in the batch: a build
-without llamafile (``CMAKE_ARGS=-DGGML_LLAMAFILE=OFF``), ``GGML_CPU_TILED_MM=0``, flash attention
-with K and V caches of *different* types (q8_0 K, f16 V), which keeps every row on the per-row
-reference kernel that skips masked cells, and repacked weights decoded at most
-:data:`REPACKED_ROWS` rows per llama.cpp micro-batch.
+without llamafile (``CMAKE_ARGS=-DGGML_LLAMAFILE=OFF``), ``GGML_CPU_TILED_MM=0``, and flash
+attention with K and V caches of *different* types (q8_0 K, f16 V), which keeps every row on the
+per-row reference kernel that skips masked cells.
 
-Repacked weights (e.g. Q4_K as ``q4_K_8x8``) have two kernels: a GEMV that computes each row on
-its own, taken for micro-batches of up to 3 rows, and a GEMM over groups of 4 rows that rounds
-differently. Capping a decoding context's micro-batch at 3 rows keeps every row on the GEMV, so a
-k-token forward is ceil(k / 3) micro-batches of the one-row kernel. That beats giving up repacking:
-on Qwen2.5-Coder-1.5B (Q4_K_M, 2 cores) one row costs 35 ms on the repacked GEMV and 43 ms on the
-plain per-row dot product, 2 and 3 rows 60 and 79 ms against 84 and 103 ms.
+The matrix multiplications themselves: ``make setup`` builds llama.cpp with specdec's kernel patch
+(``patches/llama.cpp``), whose multi-row kernels give every row the one-row kernel's bits at the
+speed of llama.cpp's fast kernels (the repacked Q4_K GEMM with its float operations in the GEMV's
+order; Q6_K, Q8_0 and Q5_0 weights unpacked once for several rows). The patched library tests
+itself (:func:`exact_rows`): each weight type of the model, 1..64 rows, every row against the one-row
+result, on this CPU. Where every type passes, a micro-batch may hold any number of rows. Where the
+stock library is installed (``pip install specdec[llamacpp]``), or a type fails, repacked weights
+are decoded at most :data:`REPACKED_ROWS` rows a micro-batch, which keeps every row on the one-row
+GEMV (ggml takes its 4-row GEMM from 4 rows).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from specdec.backends.llamacpp_lib import has_decoded, has_llamafile, lib
+import gguf
+
+from specdec.backends.llamacpp_lib import has_decoded, has_llamafile, has_selftest, kernel_selftest, lib
 from specdec.errors import SpecdecError
 
 TILED_ENV = "GGML_CPU_TILED_MM"  # read once per process, at the first matmul
+MULTIROW_ENV = "SPECDEC_MULTIROW"  # "0": exact kernels keep the stock library's row cap (exact_rows)
 REBUILD = ("CMAKE_ARGS=-DGGML_LLAMAFILE=OFF pip install --force-reinstall --no-deps --no-cache-dir "
            "llama-cpp-python==0.3.36")
 
@@ -40,6 +46,8 @@ Layout = tuple[int, int, bool]  # n_ctx, n_seq_max, unified: the state of one co
 # The most rows a micro-batch of repacked weights may hold with every row on the one-row GEMV
 # (ggml-cpu's repack.cpp: "If there are more than three rows in src1, use gemm").
 REPACKED_ROWS = 3
+# The row counts the library's self-test checks (1..SELFTEST_ROWS): a verification step's window.
+SELFTEST_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -119,3 +127,53 @@ def context_params(kernels: Kernels, layout: Layout, n_batch: int, n_threads: in
     params.flash_attn_type = kernels.flash_attn
     params.type_k, params.type_v = kernels.type_k, kernels.type_v
     return params
+
+
+@dataclass(frozen=True)
+class RowLimit:
+    """How many rows a micro-batch of exact kernels may hold for a model on this library and CPU."""
+
+    rows: int | None  # None: any number
+    note: str | None = None  # why there is a limit, for one line on stderr (None: nothing to say)
+
+
+def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multirow: bool | None = None) -> RowLimit:
+    """The micro-batch limit of exact kernels for weights of ``type_names`` (ggml's names, as
+    llama.cpp's load log spells them: ``q4_K``, ``q6_K``, ``f32``), ``repacked`` or not, computed
+    on ``n_threads`` threads.
+
+    With specdec's patched library, its self-test decides: no limit where every type passes for
+    1..64 rows; else fewer rows than the smallest count that failed. Without it (the stock library),
+    or with ``multirow`` False (the capped path, for comparison and its tests; also set by
+    ``SPECDEC_MULTIROW=0`` in the environment), repacked weights take at most :data:`REPACKED_ROWS`
+    rows and the rest any number, as before the patch.
+    """
+    if multirow is None and os.environ.get(MULTIROW_ENV) == "0":
+        multirow = False
+    if multirow is False or not has_selftest():
+        if not repacked:
+            return RowLimit(None)
+        note = None if multirow is False else (
+            "this llama.cpp has no batch-invariant multi-row kernels (make setup builds them): exact decoding "
+            f"takes at most {REPACKED_ROWS} rows a micro-batch")
+        return RowLimit(REPACKED_ROWS, note)
+    rows: int | None = None
+    failed = []
+    for name in sorted(set(type_names)):
+        try:
+            ggml_type = gguf.GGMLQuantizationType[name.upper()]
+        except KeyError:
+            ggml_type = None
+        result = None if ggml_type is None else kernel_selftest(int(ggml_type), SELFTEST_ROWS, n_threads)
+        if result is None:
+            # a type the self-test cannot build (one that needs an importance matrix): as before the patch
+            failed.append(f"{name} (not testable)")
+            rows = min(rows or REPACKED_ROWS, REPACKED_ROWS) if repacked else rows
+        elif result.differing:
+            failed.append(f"{name} ({result.differing} outputs differ, from {result.first_rows} rows)")
+            rows = min(rows or result.first_rows, result.first_rows - 1)
+    if not failed:
+        return RowLimit(None)
+    limit = f"at most {rows} row{'s' if rows != 1 else ''} a micro-batch" if rows else "no limit"
+    return RowLimit(rows, "exact kernels: this llama.cpp's multi-row matmul is not batch-invariant on this CPU for "
+                          f"{', '.join(failed)}: decoding takes {limit}")

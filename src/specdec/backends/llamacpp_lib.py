@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import pathlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 
 from specdec.errors import SpecdecError
@@ -78,3 +80,56 @@ def has_decoded() -> bool:
 def has_llamafile() -> bool:
     """Whether the installed llama.cpp was built with llamafile's tinyBLAS kernels (the pip default)."""
     return b"LLAMAFILE = 1" in lib().llama_print_system_info()
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    """What ggml's CPU backend said of one weight type's matrix multiplication, run as a model runs it
+    (``ggml_cpu_exact_selftest``, part of specdec's kernel patch): each row of every 2..rows-row
+    product against the one-row product of the same activations, bit for bit."""
+
+    differing: int  # outputs that differ (0: batch-invariant)
+    first_rows: int  # the smallest row count that differed (0: none)
+    repacked: bool  # the repacked-weight kernels ran (this CPU repacks the type)
+
+
+@lru_cache(maxsize=1)
+def _selftest_function():
+    """``ggml_cpu_exact_selftest`` from the ggml CPU library beside the loaded libllama, or None (a
+    stock build, or a platform whose library is named otherwise)."""
+    llama_cpp = lib()
+    folder = getattr(getattr(llama_cpp, "llama_cpp", None), "_base_path", None)
+    folder = pathlib.Path(folder) if folder else pathlib.Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        if (folder / name).exists():
+            try:
+                function = ctypes.CDLL(str(folder / name)).ggml_cpu_exact_selftest
+            except (OSError, AttributeError):
+                return None
+            function.restype = ctypes.c_int64
+            function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+            return function
+    return None
+
+
+def has_selftest() -> bool:
+    """Whether the installed llama.cpp carries specdec's exact multi-row kernels and their self-test."""
+    return _selftest_function() is not None
+
+
+@lru_cache(maxsize=None)
+def kernel_selftest(ggml_type: int, rows: int, n_threads: int) -> SelfTest | None:
+    """Run the library's batch-invariance self-test for ``ggml_type`` (a ggml type id) at 1..``rows``
+    rows on ``n_threads`` threads; None where the library has no self-test or cannot test the type.
+    Like any matmul it fixes ggml's process-wide switches (the tiled matmul) if no forward has yet."""
+    function = _selftest_function()
+    if function is None:
+        return None
+    _state["decoded"] = True
+    paths, first = ctypes.c_int(), ctypes.c_int()
+    with _DECODE:
+        differing = function(ggml_type, rows, n_threads, ctypes.byref(paths), ctypes.byref(first))
+    if differing < 0:
+        return None
+    return SelfTest(int(differing), first.value, bool(paths.value & 1))

@@ -1,16 +1,19 @@
 """A GGUF loaded by llama.cpp once, with its kernels, for every context made on it.
 
-Exact weights also say how an empty sequence's prompt is filled (:mod:`.llamacpp_prompt`): in a
-context of full-size micro-batches (the repacked GEMM) where llama.cpp repacks a tensor of this
-model on this CPU, and decoding contexts then take at most three rows a micro-batch; else from the
-caches of recent prompts.
+Exact weights also say how many rows a micro-batch may hold (:func:`.llamacpp_kernels.exact_rows`:
+any number where the library's multi-row kernels pass their self-test for this model's weight
+types) and how an empty sequence's prompt is filled (:mod:`.llamacpp_prompt`): where decoding is
+capped to a few rows a micro-batch, in a context of full-size micro-batches (the repacked GEMM);
+else from the caches of recent prompts.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 
-from specdec.backends.llamacpp_kernels import REPACKED_ROWS, Layout, choose_kernels, context_params
+from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params, exact_rows
 from specdec.backends.llamacpp_lib import lib, log_captured
 from specdec.backends.llamacpp_prompt import GEMM_ROWS, PromptCache, PromptRunner
 from specdec.errors import SpecdecError
@@ -22,12 +25,14 @@ class LlamaCppWeights:
     """A GGUF loaded once; a context (its own KV cache) per sequence is made with :meth:`context`."""
 
     def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
-                 exact: bool | None = None) -> None:
+                 exact: bool | None = None, multirow: bool | None = None) -> None:
+        """``multirow`` False keeps exact decoding to the stock library's few rows a micro-batch on
+        repacked weights even where the library's multi-row kernels pass their self-test."""
         if not os.path.isfile(path):
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = lib()
         self.kernels = choose_kernels(exact)
-        self.model, self.repacked = load_model(path)
+        self.model, self.repacked, self.types = load_model(path)
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
         self.path = path
@@ -35,9 +40,15 @@ class LlamaCppWeights:
         self.n_batch = n_batch
         self.n_threads = n_threads or os.cpu_count() or 1
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
-        # Rows per micro-batch of a decoding context: with exact kernels on repacked weights, few
-        # enough that every row takes the one-row GEMV (see llamacpp_kernels).
-        self.n_ubatch = REPACKED_ROWS if self.kernels.exact and self.repacked else n_batch
+        # Rows per micro-batch of a decoding context: with exact kernels, as many as the library's
+        # kernels keep batch-invariant for this model's weight types (see llamacpp_kernels).
+        self.n_ubatch = n_batch
+        if self.kernels.exact:
+            limit = exact_rows(self.types, self.repacked, self.n_threads, multirow)
+            if limit.note:
+                _note_once(limit.note)
+            if limit.rows is not None:
+                self.n_ubatch = min(limit.rows, n_batch)
         # How an empty sequence's prompt is filled (exact kernels only; fast kernels would make a
         # cached beginning differ from a computed one): where decoding is capped at a few rows a
         # micro-batch, in a context of full micro-batches (the repacked GEMM; the same cache for
@@ -77,10 +88,9 @@ def load_llamacpp(path: str, **options) -> LlamaCppWeights:
     return LlamaCppWeights(path, **options)
 
 
-def load_model(path: str) -> tuple[object, bool]:
+def load_model(path: str) -> tuple[object, bool, tuple[str, ...]]:
     """The model, its weights repacked where llama.cpp has a repacked form (both kernel settings
-    use them: exact decoding keeps to their one-row kernel), and whether llama.cpp repacked any
-    tensor of it.
+    use them), whether llama.cpp repacked any tensor of it, and its tensors' types (ggml's names).
 
     Only llama.cpp can say the second: whether it repacks a tensor depends on the tensor's type,
     its shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
@@ -94,4 +104,16 @@ def load_model(path: str) -> tuple[object, bool]:
         params = llama_cpp.llama_model_default_params()
         params.use_extra_bufts = True
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-    return model, any(b"CPU_REPACK model buffer" in line for line in lines)
+    text = b"".join(lines).decode(errors="replace")
+    return model, "CPU_REPACK model buffer" in text, tuple(_TENSOR_TYPES.findall(text))
+
+
+# llama.cpp's load log counts the tensors of each type: "llama_model_loader: - type q4_K:  169 tensors"
+_TENSOR_TYPES = re.compile(r"- type\s+(\w+):\s+\d+ tensors")
+_NOTED: set[str] = set()
+
+
+def _note_once(note: str) -> None:
+    if note not in _NOTED:
+        _NOTED.add(note)
+        print(f"specdec: note: {note}", file=sys.stderr)
