@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
     model = specdec.load(args.model)
-    hf = model.hf_model
+    hf = model.loaded.hf_model
     n = hf.config.num_hidden_layers
     path = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/questions.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]

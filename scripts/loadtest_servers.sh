@@ -2,6 +2,7 @@
 # The load test of README's "Serving": the same greedy chat requests (HumanEval problems and
 # Spec-Bench questions in turn, $MAX_TOKENS new tokens, streamed) at 1/4/8/16 concurrent clients
 # against, one after the other on the same machine and the same GGUFs:
+#   specdec serve with its default drafter (the n-gram index),
 #   specdec serve with the model's default draft model (both models' forwards batched),
 #   specdec serve without drafting (plain decoding, batched),
 #   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
@@ -17,7 +18,7 @@ CLIENTS=${CLIENTS:-1,4,8,16}
 REQUESTS=${REQUESTS:-32}
 MAX_TOKENS=${MAX_TOKENS:-128}
 SLOTS=${SLOTS:-16}
-SERVERS=${SERVERS:-specdec-pair,specdec-plain,llama-server-plain,llama-server-draft}
+SERVERS=${SERVERS:-specdec,specdec-pair,specdec-plain,llama-server-plain,llama-server-draft}
 PY=.venv/bin/python
 LLAMA_BIN=${SPECDEC_LLAMA_CPP_BIN:-.peers/llama.cpp/build/bin}
 mkdir -p "$(dirname "$OUT")"; : > "$OUT"
@@ -39,6 +40,7 @@ run() {  # port label command...
 
 # Every server gets the same context per slot (2048 cells: the longest prompt plus the answer).
 CTX=$((SLOTS * 2048))
+run 8100 specdec .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port 8100
 run 8101 specdec-pair .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter model --slots "$SLOTS" --port 8101
 run 8102 specdec-plain .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" --port 8102
 run 8103 llama-server-plain "$LLAMA_BIN/llama-server" --model "$GGUF" --host 127.0.0.1 --port 8103 -c "$CTX" \

@@ -13,13 +13,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import specdec
-from specdec.drafters.memory import NgramMemory
+from specdec.drafting.memory import NgramMemory
 
 QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared/data/spec_bench/questions.jsonl"
 
 
 def measure(model, prompts, memory, max_new_tokens, drafter) -> dict:
-    model.memory = memory
+    model.loaded.memory = memory
     tokens = forwards = 0
     seconds = 0.0
     for prompt in prompts:

@@ -73,9 +73,9 @@ def main() -> None:
         live = Console(record=True, width=110, height=30, file=io.StringIO(), force_terminal=True,
                        color_system="truecolor")
         view = LiveView(live, doc["plain_step_s"], describe(doc))
-        detok = Detokenizer(model.codec)
+        detok = Detokenizer(model.loaded.codec)
         for step in out.trace[: 2 * len(out.trace) // 3]:
-            view.add(step_record(step, model.codec, detok.add(step.emitted)))
+            view.add(step_record(step, model.loaded.codec, detok.add(step.emitted)))
         live.print(view.frame(whole=True))
         terminal_png(live, "live-terminal", browser, folder)
 

@@ -101,7 +101,7 @@ def main() -> None:
         tokens += out.stats.new_tokens
         prefill += out.stats.prefill_s
     wall = time.perf_counter() - t0 - prefill
-    report(f"specdec {args.drafter} ({model.cost_key})", timers, tokens, wall, prefill)
+    report(f"specdec {args.drafter} ({model.loaded.cost_key})", timers, tokens, wall, prefill)
     if args.peer:
         peer(args, model, ids)
 

@@ -25,7 +25,7 @@ from specdec import load
 from specdec.costs import CostModel, _parse_seconds
 from specdec.policies.adaptive import AdaptiveK
 from specdec.bench.questions import load_questions
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters import ngram
 from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
 from specdec.verify import verify_by_choice, verify_tree_by_choice

@@ -71,7 +71,7 @@ def test_token_id_prompts_are_accepted(tiny):
     (dict(num_draft=0), "num_draft must be >= 1, got 0"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
     (dict(temperature=-2), "temperature"),
-    (dict(drafter="model"), "needs a draft model"),
+    (dict(drafter="model"), "needs draft_model"),
     (dict(drafter="medusa"), "unknown drafter"),
 ])
 def test_api_errors(tiny, kwargs, message):
@@ -91,7 +91,7 @@ def test_unknown_dtype(tiny_model_dir):
 
 
 def test_context_length_is_checked_before_decoding(tiny):
-    assert tiny.backend().max_length == 512  # from config.max_position_embeddings
+    assert tiny.loaded.backend().max_length == 512  # from config.max_position_embeddings
     with pytest.raises(SpecdecError, match=r"prompt \(2 tokens\) plus max new tokens \(600\) exceed .* 512"):
         tiny.generate([5, 6], max_new_tokens=600)
     with pytest.raises(SpecdecError, match=r"prompt \(505 tokens\) .* context of 512 tokens"):
@@ -184,28 +184,28 @@ def counted_pool(tiny, monkeypatch):
     """``tiny``'s pool with one idle backend and a count of the backends it makes from then on."""
     tiny.generate("warm up", max_new_tokens=2)  # also calibrates the cost model
     made: list[object] = []
-    make = tiny.pool.make
+    make = tiny.loaded.pool.make
 
     def counting_make():
         made.append(make())
         return made[-1]
 
-    monkeypatch.setattr(tiny.pool, "make", counting_make)
+    monkeypatch.setattr(tiny.loaded.pool, "make", counting_make)
     return made
 
 
 def test_an_abandoned_stream_gives_its_backend_back(tiny, counted_pool):
-    idle = len(tiny.pool._idle)
+    idle = len(tiny.loaded.pool._idle)
     steps = tiny.stream("the quick brown fox", max_new_tokens=20)
     next(steps)
-    assert len(tiny.pool._idle) == idle - 1
+    assert len(tiny.loaded.pool._idle) == idle - 1
     steps.close()
-    assert len(tiny.pool._idle) == idle
+    assert len(tiny.loaded.pool._idle) == idle
     steps = tiny.stream("the quick brown fox", max_new_tokens=20)
     next(steps)
     del steps  # dropped without close(): the generator's finalizer must release too
     gc.collect()
-    assert len(tiny.pool._idle) == idle
+    assert len(tiny.loaded.pool._idle) == idle
     assert tiny.generate("hello", max_new_tokens=4).token_ids
     assert counted_pool == []  # every generation reused the one backend
 
@@ -213,14 +213,14 @@ def test_an_abandoned_stream_gives_its_backend_back(tiny, counted_pool):
 def test_a_run_closed_before_its_first_step_gives_its_backend_back(tiny, counted_pool):
     """A server's client that leaves between the start of its generation and its first step: the
     run was never iterated, and closing it must still close its drafter and release its backend."""
-    idle = len(tiny.pool._idle)
+    idle = len(tiny.loaded.pool._idle)
     drafter = FailingDrafter(fail_after=100)
     run = tiny.start("the quick brown fox", max_new_tokens=20, drafter=drafter)
-    assert len(tiny.pool._idle) == idle - 1
+    assert len(tiny.loaded.pool._idle) == idle - 1
     run.close()
-    assert len(tiny.pool._idle) == idle and drafter.closed
+    assert len(tiny.loaded.pool._idle) == idle and drafter.closed
     run.close()  # again: nothing more to give back
-    assert len(tiny.pool._idle) == idle
+    assert len(tiny.loaded.pool._idle) == idle
     assert counted_pool == []
 
 
@@ -245,12 +245,12 @@ class FailingDrafter(Drafter):
 
 
 def test_a_failing_generation_gives_its_backend_back(tiny, counted_pool):
-    idle = len(tiny.pool._idle)
+    idle = len(tiny.loaded.pool._idle)
     drafter = FailingDrafter(fail_after=3)
     with pytest.raises(RuntimeError, match="drafter failed"):
         tiny.generate("the quick brown fox", max_new_tokens=20, drafter=drafter, policy="fixed", num_draft=2)
     assert drafter.calls == 4 and drafter.closed
-    assert len(tiny.pool._idle) == idle
+    assert len(tiny.loaded.pool._idle) == idle
     assert tiny.generate("hello", max_new_tokens=4).token_ids
     assert counted_pool == []
 

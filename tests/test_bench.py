@@ -120,6 +120,10 @@ def test_divergences_name_the_first_difference_and_its_margin_only_when_asked():
     calls = []
 
     class FakeModel:
+        @property
+        def loaded(self):  # the loaded side is the fake itself
+            return self
+
         def backend(self):
             calls.append(1)
             return lm.backend()
@@ -240,6 +244,10 @@ def test_repeats_run_every_method_r_times_and_keep_the_fastest():
     class FakeModel:
         has_chat_template = False
 
+        @property
+        def loaded(self):  # the loaded side is the fake itself
+            return self
+
         def encode(self, text, chat=False):
             return [1, 2, 3]
 
@@ -269,6 +277,10 @@ def test_a_crashing_peer_is_dropped_and_reported_while_ours_must_not_crash():
     class FakeModel:
         has_chat_template = False
 
+        @property
+        def loaded(self):  # the loaded side is the fake itself
+            return self
+
         def encode(self, text, chat=False):
             return [1, 2, 3]
 
@@ -293,6 +305,10 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
 
     class FakeModel:
         has_chat_template = False
+
+        @property
+        def loaded(self):  # the loaded side is the fake itself
+            return self
         learned = Learned()
 
         def encode(self, text, chat=False):
@@ -305,7 +321,7 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
             self.name, self.family, self.saw = name, "ours", []
 
         def run(self, prompt_ids, max_new_tokens, seed):
-            table = model.learned.get(recycled)  # what a recycling drafter's slot would hold
+            table = model.loaded.learned.get(recycled)  # what a recycling drafter's slot would hold
             self.saw.append(sorted(table))
             table[prompt_ids[0]] = [self.name]
             return RunResult([1], 1.0)

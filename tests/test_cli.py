@@ -211,7 +211,7 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "NOTGGUF"], "not a .gguf file"),
     (["generate", "hi", "--model", "EMPTYDIR"], "without a config.json"),
     (["generate", "hi", "--model", "BADGGUF"], "not a valid GGUF file"),
-    (["generate", "hi", "--model", "TINY", "--dtype", "float8"], "invalid choice"),
+    (["generate", "hi", "--model", "TINY", "--dtype", "float8"], "unknown --dtype"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ]

@@ -16,7 +16,7 @@ import specdec
 from conftest import chi_square_pvalue, sequence_distribution
 from specdec.backends.toy import ToyLM
 from specdec.drafters.base import Drafter
-from specdec.drafters.cross import CrossVocabDrafter
+from specdec.drafting.cross import CrossVocabDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.errors import SpecdecError

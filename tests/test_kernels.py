@@ -61,7 +61,7 @@ def test_subclasses_of_linear_are_left_alone(tiny_llama):
 def test_a_model_you_loaded_is_not_tuned_unless_asked(tiny_llama):
     tok = None
     model = specdec.Model.from_hf("mine", tiny_llama, tok)
-    assert model.kernel_tuning is None
+    assert model.loaded.kernel_tuning is None
     assert not any(type(m) is kernels.TunedLinear for m in tiny_llama.modules())
 
 

@@ -10,8 +10,10 @@ import urllib.request
 
 import pytest
 
-from specdec.bench import llama_server_peer as ls
-from specdec.bench.methods import BASELINES, LlamaMethod, RunResult, check_specs
+from specdec.bench.base import RunResult, baselines, split
+from specdec.bench.methods import check_specs
+from specdec.bench.peers import llama_server as ls
+from specdec.bench.peers.llamacpp_python import LlamaMethod
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
 
@@ -90,9 +92,8 @@ def test_the_request_is_cold_and_samples_as_ours():
 def test_method_strings_become_server_flags(tmp_path, monkeypatch, spec, settings, flags):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.gguf").write_bytes(b"GGUF")
-    from specdec.bench.methods import _split
-
-    got = ls.parse(spec, *_split(spec))
+    _, args, pairs = split(spec)
+    got = ls.parse(spec, args, pairs)
     assert got == settings
     assert got.args("D") == flags
 
@@ -102,14 +103,14 @@ def test_a_draft_without_alias_is_the_targets_default_draft_model():
 
     target = next((a for a in ("qwen2.5-coder-1.5b",) if default_draft_model(a)), None)
     if target is not None:
-        got = ls.parse("llama-server-draft", "llama-server-draft", [], {}, target)
+        got = ls.parse("llama-server-draft", [], {}, target)
         assert got.draft == default_draft_model(target)
     with pytest.raises(SpecdecError, match="names no default draft model"):
-        ls.parse("llama-server-draft", "llama-server-draft", [], {}, "smollm2-135m")
+        ls.parse("llama-server-draft", [], {}, "smollm2-135m")
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("llama-server-ngram-foo", "unknown llama-server speculation 'ngram-foo'"),
+    ("llama-server-ngram-foo", "unknown method 'llama-server-ngram-foo': use plain"),
     ("llama-server-ngram-mod:n=0", "n must be a whole number >= 1"),
     ("llama-server-draft:smollm2-135m:n=x", "n must be a whole number >= 1"),
     ("llama-server-ngram-cache:n=4", "ngram-cache takes no n"),
@@ -140,7 +141,7 @@ def test_missing_binaries_say_how_to_build_them(tmp_path, monkeypatch):
 
 
 def test_the_llama_server_family_has_its_own_plain_baseline():
-    assert BASELINES["llama-server"] == "llama-server-plain"
+    assert baselines()["llama-server"] == "llama-server-plain"
     assert ls.LlamaServerMethod("llama-server-ngram-mod", None, GREEDY).baseline == "llama-server-plain"
 
 
@@ -162,6 +163,10 @@ def test_a_server_that_cannot_start_fails_its_method_which_the_bench_drops(tmp_p
 
     class FakeModel:
         has_chat_template = False
+
+        @property
+        def loaded(self):  # the loaded side is the fake itself
+            return self
 
         def encode(self, text, chat=False):
             return [1, 2, 3]

@@ -45,7 +45,7 @@ def alone():
 @pytest.fixture(scope="module")
 def batched():
     model = specdec.load(MODEL, backend="llamacpp")
-    model.enable_batching(8)
+    model.loaded.enable_batching(8)
     return model
 
 
@@ -57,7 +57,7 @@ def _generate(model, i: int) -> list[int]:
 def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched):
     expected = [_generate(alone, i) for i in range(8)]
     got: list = [None] * 8
-    ticks = batched.batched.ticks
+    ticks = batched.loaded.batched.ticks
 
     def work(i: int) -> None:
         time.sleep(0.05 * (i % 3))  # staggered: some join while others are decoding
@@ -71,7 +71,7 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched)
     assert got == expected
     # They really shared forwards: far fewer ticks than the generations' steps.
     steps = sum(len(tokens) for tokens in expected)
-    assert batched.batched.ticks - ticks < 0.9 * steps
+    assert batched.loaded.batched.ticks - ticks < 0.9 * steps
     # A second wave reuses the sequences the first one left.
     again: list = [None] * 4
     threads = [threading.Thread(target=lambda i=i: again.__setitem__(i, _generate(batched, i))) for i in range(4)]
@@ -84,7 +84,7 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched)
 
 def test_batching_is_refused_where_the_backend_cannot(tiny):
     with pytest.raises(SpecdecError, match="cannot batch"):
-        tiny.enable_batching(4)
+        tiny.loaded.enable_batching(4)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def served():
     """(url, model) of a batched server on llama.cpp, running for the module's tests."""
     model = specdec.load(MODEL, backend="llamacpp")
     server = Server(model, config=ServeConfig(slots=8, max_tokens=24))
-    assert server.config.batch and model.batched is not None  # on by default on llama.cpp
+    assert server.config.batch and model.loaded.batched is not None  # on by default on llama.cpp
     server.warm_up()
     with serving(server.app()) as url:
         yield url, model
@@ -133,7 +133,7 @@ def test_a_client_that_leaves_frees_its_sequence_and_the_others_go_on(alone, ser
     thread.join(120)
     assert result["text"] == expected
     deadline = time.time() + 10
-    while model.batched._active:
+    while model.loaded.batched._active:
         assert time.time() < deadline, "the abandoned generation kept its sequence in the batch"
         time.sleep(0.05)
 
@@ -154,7 +154,7 @@ def test_a_repeated_chat_prompt_reports_its_cached_tokens(alone, served):
 def test_generations_take_the_lowest_free_sequences(batched):
     # llama.cpp slices a batch wherever sequence ids are not consecutive: a generation that starts
     # while 0 and 2 run must get 1, not whichever sequence went idle last.
-    pool = batched.pool
+    pool = batched.loaded.pool
     held = [pool.take() for _ in range(4)]
     assert sorted(b.slot for b in held) == [0, 1, 2, 3]
     for b in sorted(held, key=lambda b: b.slot):
@@ -188,9 +188,9 @@ def served_pair():
     model = specdec.load(MODEL, backend="llamacpp")
     draft = specdec.load(MODEL, backend="llamacpp")
     server = Server(model, draft, config=ServeConfig(slots=8, max_tokens=24))
-    assert model.batched is not None and draft.batched is not None
+    assert model.loaded.batched is not None and draft.loaded.batched is not None
     server.warm_up()
-    draft.batched.trace = []  # rows per submission of every draft tick
+    draft.loaded.batched.trace = []  # rows per submission of every draft tick
     with serving(server.app()) as url:
         yield url, model, draft
 
@@ -207,8 +207,8 @@ def test_drafting_requests_share_draft_model_forwards_and_answer_as_alone(alone,
     assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
     for i, body in enumerate(bodies):
         assert report.indexed[i].text == expected[body["messages"][0]["content"]]
-    shared = [rows for rows, _ in draft.batched.trace if len(rows) > 1]
-    assert len(shared) > 0.3 * len(draft.batched.trace), "drafts were not batched across requests"
+    shared = [rows for rows, _ in draft.loaded.batched.trace if len(rows) > 1]
+    assert len(shared) > 0.3 * len(draft.loaded.batched.trace), "drafts were not batched across requests"
 
 
 def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, served_pair):
@@ -221,9 +221,9 @@ def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, ser
             assert response.status_code == 200
             next(response.iter_lines())  # under way, then gone
     deadline = time.time() + 10
-    while model.batched._active or draft.batched._active:
+    while model.loaded.batched._active or draft.loaded.batched._active:
         assert time.time() < deadline, (f"the abandoned generation kept its rows in a batch: target "
-                                        f"{model.batched._active}, draft {draft.batched._active}")
+                                        f"{model.loaded.batched._active}, draft {draft.loaded.batched._active}")
         time.sleep(0.05)
     expected = alone.generate(PROMPTS[1], chat=True, max_new_tokens=24, drafter="none").text
     body = {**body, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 24, "stream": False}
@@ -244,7 +244,7 @@ def test_batched_generations_on_repacked_weights_give_the_tokens_each_gives_alon
     alone = specdec.load("qwen2.5-coder-0.5b", backend="llamacpp")
     expected = [alone.generate(p, chat=True, max_new_tokens=40, **k).token_ids for p, k in zip(prompts, kinds)]
     batched = specdec.load("qwen2.5-coder-0.5b", backend="llamacpp")
-    batched.enable_batching(len(prompts))
+    batched.loaded.enable_batching(len(prompts))
     got: list = [None] * len(prompts)
 
     def run(i: int) -> None:
@@ -255,5 +255,5 @@ def test_batched_generations_on_repacked_weights_give_the_tokens_each_gives_alon
         thread.start()
     for thread in threads:
         thread.join()
-    assert max(batched.batched.rows / max(batched.batched.ticks, 1), 0) > 2, "the generations were not batched"
+    assert max(batched.loaded.batched.rows / max(batched.loaded.batched.ticks, 1), 0) > 2, "the generations were not batched"
     assert [i for i in range(len(prompts)) if got[i] != expected[i]] == []

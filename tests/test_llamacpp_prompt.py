@@ -199,7 +199,7 @@ def test_a_benchmark_can_start_every_generation_cold():
     prompt = "Name three rivers of Europe and the seas they flow into."
     first = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
     warm = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
-    model.forget_prompts()
+    model.loaded.forget_prompts()
     again = model.generate(prompt, chat=True, max_new_tokens=4, drafter="none")
     assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == 0
     assert warm.stats.cached_tokens == warm.stats.prompt_tokens - 1

@@ -9,7 +9,7 @@ import pytest
 
 import specdec
 from specdec.cli import main
-from specdec.drafters.memory import NgramMemory
+from specdec.drafting.memory import NgramMemory
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
 
@@ -67,9 +67,9 @@ def test_a_second_generation_drafts_from_the_first(own_tiny):
     prompt = "zebra yak"
     first = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)
     plain = tiny.generate(prompt, max_new_tokens=30, drafter="none")
-    tiny.enable_memory()
+    tiny.loaded.enable_memory()
     tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)  # fills the memory
-    assert len(tiny.memory) > 0
+    assert len(tiny.loaded.memory) > 0
     second = tiny.generate(prompt, max_new_tokens=30, policy="fixed", num_draft=4)
     assert second.token_ids == first.token_ids == plain.token_ids
     assert second.stats.accepted > first.stats.accepted

@@ -46,7 +46,8 @@ def test_the_cli_loads_the_default_draft_model_when_none_is_given(capsys, monkey
     assert code != 0 and "both loaded" in capsys.readouterr().err
     assert resolved == [(QWEN, "llamacpp"), (QWEN_DRAFT, "llamacpp")]
     assert [name for name, _ in loaded] == [QWEN, QWEN_DRAFT]
-    assert loaded[0][1] == loaded[1][1] == {"dtype": "float32", "backend": "llamacpp", "exact": None}
+    assert loaded[0][1] == loaded[1][1] == {"dtype": "float32", "backend": "llamacpp", "exact": None, "device": "cpu",
+                                            "threads": None, "context": None}
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])
@@ -74,25 +75,27 @@ def test_serve_takes_the_default_draft_model_only_for_a_drafter_that_runs_one():
 
 def test_the_api_loads_the_default_draft_model_once_with_the_same_settings(monkeypatch, tiny_model_dir,
                                                                           tiny_draft_dir):
-    from specdec import api
+    from specdec import api, loaded
 
     folders = {QWEN: tiny_model_dir, QWEN_DRAFT: tiny_draft_dir}
     loads = []
-    real_load, real_resolve = api.load, api.resolve
+    real_load, real_resolve = loaded.load_model, loaded.resolve
 
     def resolve(name, report=None, need_hf=True):
         if name not in folders:
             return real_resolve(name, report, need_hf)
         return ResolvedModel(name, folders[name], None, draft=default_draft_model(name))
 
-    def load(name, **settings):
-        loads.append((name, settings))
-        return real_load(name, **settings)
+    def load_model(name, options=None, report=None):
+        if name in folders:  # the aliases (the draft model given by its folder is not counted)
+            loads.append((name, options))
+        return real_load(name, options, report)
 
-    monkeypatch.setattr(api, "resolve", resolve)
-    monkeypatch.setattr(api, "load", load)
+    monkeypatch.setattr(loaded, "resolve", resolve)
+    monkeypatch.setattr(loaded, "load_model", load_model)
+    monkeypatch.setattr(api, "load_model", load_model)
     model = api.load(QWEN, dtype="float32")
-    assert model.default_draft_name == QWEN_DRAFT
+    assert model.loaded.default_draft_name == QWEN_DRAFT
     draft = specdec.load(str(tiny_draft_dir))
     plain = model.generate("the quick brown fox", max_new_tokens=12, drafter="none")
     # A fixed K, no copying: the draft model itself drafts (the adaptive policy would not run a
@@ -105,13 +108,13 @@ def test_the_api_loads_the_default_draft_model_once_with_the_same_settings(monke
         assert out.token_ids == plain.token_ids == given.token_ids
         assert out.stats.draft_forwards == given.stats.draft_forwards > 0
     assert [name for name, _ in loads] == [QWEN, QWEN_DRAFT]  # loaded on first use, then kept
-    assert loads[1][1] == {"dtype": "float32", "backend": "transformers", "exact": None, "report": None}
-    assert model.default_draft_model() is model.default_draft_model()
+    assert loads[1][1] == loads[0][1] == specdec.LoadOptions(backend="transformers", dtype="float32")
+    assert model.loaded.default_draft_model() is model.loaded.default_draft_model()
 
 
 def test_the_api_without_a_default_draft_model_says_so(tiny):
-    assert tiny.default_draft_name is None and tiny.default_draft_model() is None
-    with pytest.raises(SpecdecError, match="needs a draft model .*names no default draft model"):
+    assert tiny.loaded.default_draft_name is None and tiny.loaded.default_draft_model() is None
+    with pytest.raises(SpecdecError, match="needs draft_model .*names no default draft model"):
         tiny.generate("hi", drafter="model")
 
 
@@ -126,14 +129,14 @@ def test_a_bench_method_without_alias_uses_the_default_draft_model(tiny, tiny_dr
     factory = MethodFactory(tiny, str(tiny_draft_dir), "transformers", "float32", base)
     with pytest.raises(SpecdecError, match=r"write model:ALIAS \(.* names no default draft model\)"):
         factory.build("model:k=3")
-    tiny.set_default_draft_model(str(tiny_draft_dir))
+    tiny.loaded.set_default_draft_model(str(tiny_draft_dir))
     try:
         # A fixed K: the adaptive policy does not run a draft model as large as its target.
         method = factory.build("model:k=3:policy=fixed:lookup=false")
-        assert method.draft_model is tiny.default_draft_model()
+        assert method.draft_model is tiny.loaded.default_draft_model()
         assert method.run(tiny.encode("the quick brown fox"), 8, None).stats.draft_forwards > 0
     finally:
-        tiny.set_default_draft_model(None)
+        tiny.loaded.set_default_draft_model(None)
 
 
 # -- the llama.cpp path: the tokenizer from the GGUF, nothing converted ---------------------------
@@ -171,7 +174,7 @@ def test_a_llamacpp_load_converts_nothing(tmp_path, monkeypatch):
 
 @pytest.mark.real
 def test_the_tokenizer_read_from_the_gguf_equals_the_converted_one(tmp_path, monkeypatch):
-    from specdec.api import _load_tokenizer
+    from specdec.loaded import _load_tokenizer
     from specdec.text import TextCodec, vocabularies_differ
 
     converted = resolve("smollm2-135m")  # the safetensors folder (converted once, as other tests use it)
@@ -213,7 +216,7 @@ def test_the_qwen_pair_on_llamacpp():
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     draft = load_llamacpp(str(resolve("qwen2.5-coder-0.5b", need_hf=False).gguf), n_ctx=1024)
-    with model.pool.lease() as backend:
+    with model.loaded.pool.lease() as backend:
         for b in (backend, LlamaCppBackend(draft)):
             assert isinstance(b, LlamaCppBackend)
             assert b.weights.n_ubatch == (b.weights.n_batch if has_selftest() else REPACKED_ROWS)

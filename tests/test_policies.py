@@ -8,7 +8,7 @@ import pytest
 
 from specdec.costs import CostModel, measure_forward_costs, measure_switch
 from specdec.backends.toy import ToyLM
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.errors import SpecdecError
 from specdec.policies.adaptive import AdaptiveK
 from specdec.policies.fixed import FixedK

@@ -86,7 +86,7 @@ def plain(tiny):
 
 def test_chat_and_streaming_equal_generate(client, tiny):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello world"}]
-    expected = tiny.generate(tiny.codec.encode_messages(messages), max_new_tokens=10, drafter="none")
+    expected = tiny.generate(tiny.loaded.codec.encode_messages(messages), max_new_tokens=10, drafter="none")
     out = client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=10, temperature=0)
     assert out.choices[0].message.content == expected.text
     assert out.model_extra["speculative"]["target_forwards"] >= 1
@@ -283,7 +283,7 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
 
 
 def test_routing_text_and_memory_files(tmp_path):
-    from specdec.drafters.memory import NgramMemory
+    from specdec.drafting.memory import NgramMemory
     from specdec.server.ray_app import memory_start, save_atomically
     from specdec.server.ray_router import PREFIX_CHARS, routing_text
 

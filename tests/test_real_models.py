@@ -21,13 +21,13 @@ def real(request):
 
 
 def test_rollback_is_exact(real):
-    assert twin_rollback_walk(lambda: HFBackend(real.hf_model), 5000, seed=1, steps=10, low=100) == 10
+    assert twin_rollback_walk(lambda: HFBackend(real.loaded.hf_model), 5000, seed=1, steps=10, low=100) == 10
 
 
 def test_rollback_across_gemma_sliding_window_is_exact(real):
     """Past 512 tokens Gemma's sliding layers must restore evicted rows (MODELS.md section 6)."""
     ids = (real.encode(spec_bench_prompts()["summarization"]) * 3)[:506]
-    twins = [HFBackend(real.hf_model), HFBackend(real.hf_model)]
+    twins = [HFBackend(real.loaded.hf_model), HFBackend(real.loaded.hf_model)]
     for backend, draft in zip(twins, ([100, 200, 300, 400, 500, 600, 700, 800], [101, 201, 301, 401, 501, 601, 701, 801])):
         backend.prefill(ids)
         backend.extend([100, 200] + draft[2:])  # crosses 512; the twins differ after 2 tokens
@@ -35,7 +35,7 @@ def test_rollback_across_gemma_sliding_window_is_exact(real):
     got = [backend.extend([42, 43, 44]) for backend in twins]
     assert torch.equal(got[0], got[1])
     # Rollback keeps the model's answer: argmax equals a fresh forward over the kept sequence.
-    want = HFBackend(real.hf_model).extend(ids + [100, 200, 42, 43, 44])[-3:]
+    want = HFBackend(real.loaded.hf_model).extend(ids + [100, 200, 42, 43, 44])[-3:]
     assert torch.equal(got[0].argmax(-1), want.argmax(-1))
 
 
@@ -63,8 +63,8 @@ def test_self_speculation_with_bf16_weights_is_exact(real, bf16_drafter):
 
 @pytest.fixture(scope="module")
 def bf16_drafter(real):
-    draft_hf = type(real.hf_model)(real.hf_model.config).to(torch.bfloat16).eval()
-    draft_hf.load_state_dict(real.hf_model.state_dict())
+    draft_hf = type(real.loaded.hf_model)(real.loaded.hf_model.config).to(torch.bfloat16).eval()
+    draft_hf.load_state_dict(real.loaded.hf_model.state_dict())
     return specdec.Model.from_hf(f"{real.name}-bf16", draft_hf, real.tokenizer)
 
 

@@ -23,9 +23,9 @@ from specdec.backends.toy import ToyLM
 from specdec.costs import CostModel
 from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.recycle import RecycleDrafter
-from specdec.drafters.self_head import DraftHead, head_for, rank_tokens
+from specdec.drafting.self_head import DraftHead, head_for, rank_tokens
 from specdec.drafters.self_spec import SelfDrafter, self_table
-from specdec.drafters.self_timing import Measured
+from specdec.drafting.self_timing import Measured
 from specdec.engine import DecodeConfig, decode
 from specdec.errors import SpecdecError
 from specdec.policies.adaptive import AdaptiveK
@@ -236,12 +236,12 @@ def test_rank_tokens_puts_the_predicted_mass_first(tiny_llama):
 
 def test_head_ranking_is_cached_per_model(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    with tiny.pool.lease() as backend:
-        first = head_for(tiny.draft_context(), backend, rows=40)
+    with tiny.loaded.pool.lease() as backend:
+        first = head_for(tiny.loaded.draft_context(), backend, rows=40)
     assert list((tmp_path / "draft-heads").glob("*.json"))
-    with tiny.pool.lease() as backend:
-        monkeypatch.setattr("specdec.drafters.self_head.rank_tokens", lambda *a, **k: pytest.fail("re-ranked"))
-        second = head_for(tiny.draft_context(), backend, rows=40)
+    with tiny.loaded.pool.lease() as backend:
+        monkeypatch.setattr("specdec.drafting.self_head.rank_tokens", lambda *a, **k: pytest.fail("re-ranked"))
+        second = head_for(tiny.loaded.draft_context(), backend, rows=40)
     assert first.ids.tolist() == second.ids.tolist()
     assert set(tiny.eos_token_ids) <= first.known
 

@@ -97,7 +97,7 @@ def test_stats_recomputed_from_the_saved_trace_equal_the_generation_s(tiny, tmp_
 
 def test_detokenizer_pieces_spell_the_decoded_text(tiny):
     ids = tiny.encode("naïve café — 東京 🙂 the end") * 3
-    detok = Detokenizer(tiny.codec)
+    detok = Detokenizer(tiny.loaded.codec)
     pieces = detok.add(ids[:5]) + detok.add(ids[5:])
     assert len(pieces) == len(ids)
     assert "".join(pieces) == tiny.decode(ids)

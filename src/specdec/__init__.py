@@ -8,6 +8,8 @@ policies and backends are registered by name in :mod:`specdec.registry`.
 from importlib.metadata import PackageNotFoundError, version
 
 from specdec.api import Model, Output, load
+from specdec.load_options import LoadOptions, ServeOptions
+from specdec.loaded import LoadedModel, load_model
 from specdec.context import DraftContext, LearnedSlot
 from specdec.options import GenerationOptions, Option
 from specdec.backends.base import Backend
@@ -31,6 +33,6 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 __all__ = [
     "AdaptiveK", "Backend", "decode", "DecodeConfig", "DecodeRun", "Draft", "DraftContext", "Drafter",
     "DraftPolicy", "FixedK", "Generation", "GenerationOptions", "GenerationStats", "LearnedSlot", "load",
-    "Model", "ModelDrafter", "NgramDrafter", "NoDrafter", "Option", "Output", "Sampler", "SamplingParams",
+    "load_model", "LoadedModel", "LoadOptions", "Model", "ModelDrafter", "ServeOptions", "NgramDrafter", "NoDrafter", "Option", "Output", "Sampler", "SamplingParams",
     "SpecdecError", "StepTrace", "Verdict",
 ]

@@ -61,9 +61,9 @@ def measure_switch(backend: Timed, context: Sequence[int], repeats: int = 5, oth
     """(steady, switch): median seconds of a one-token ``extend`` right after another one-token
     forward, and how much longer it takes right after a forward of ``other`` tokens.
 
-    llama.cpp re-plans its compute graph when the batch shape changes (about 1 ms for SmolLM2 on
-    this 2-core machine, a tenth of its one-token forward), so every draft step also slows the
-    plain step that follows it; a policy that ignores this drafts where it cannot pay.
+    llama.cpp re-plans its compute graph when the batch shape changes (for a small model a sizeable
+    fraction of its one-token forward), so every draft step also slows the plain step that follows
+    it; a policy that ignores this drafts where it cannot pay.
     """
     base, pool = _at(backend, context)
     steady: list[float] = []
@@ -134,9 +134,10 @@ class Costs(Protocol):
 class CostModel:
     """Seconds per target forward as a function of the number of new tokens n (n = k + 1).
 
-    Calibrated at every n from 1 to 16 (and at 24, 32, 48 and 64) and kept as measured: on a CPU the curve is not monotone
-    (llama.cpp on AVX2: 3 rows cost 3.1x one row, 4 rows 2.6x), and a policy that knows the true
-    cost of each count can verify one more token when that makes the forward cheaper.
+    Calibrated at every n from 1 to 16 (and at 24, 32, 48 and 64) and kept as measured: on a CPU the
+    curve need not be monotone (a kernel for groups of rows can make n + 1 rows cheaper than n), and
+    a policy that knows the true cost of each count can verify one more token when that makes the
+    forward cheaper.
 
     The model is a unit (the cost of one row) times a ratio per n. Both are refined online from
     the forwards the engine times (:meth:`observe`): the unit follows the 1-row forwards (it grows

@@ -1,10 +1,10 @@
 """Per-shape choice of matmul kernel for the few rows that decoding and verification produce.
 
-On these CPUs PyTorch's ``F.linear`` is efficient for one row (a GEMV) but its small-M GEMM path
-is not: in fp32, Gemma's 262144 x 640 LM head takes 57 ms for 1 row and 110-190 ms for 2-8 rows,
-while the same product written ``W @ h.T`` takes 21-46 ms for 2-8 rows, and one row computed as
-two takes 21 ms. The body's linears show the same pattern on a smaller scale. Since speculative
-decoding lives on forwards of 2-16 tokens, that gap decides whether verification pays.
+On CPUs PyTorch's ``F.linear`` can be efficient for one row (a GEMV) but slow on its small-M GEMM
+path: for a large fp32 LM head, 2-8 rows may cost several one-row forwards through ``F.linear``
+while the same product written ``W @ h.T`` costs far less (measured numbers: the benchmarks page
+of the documentation). Since speculative decoding lives on forwards of 2-16 tokens, that gap
+decides whether verification pays, and which formulation wins differs by shape and machine.
 
 :func:`tune` times the candidate formulations of every distinct weight shape of a model for each
 row count up to ``MAX_ROWS`` (over all layers of that shape in turn, so caches are as cold as in a

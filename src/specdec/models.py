@@ -80,10 +80,6 @@ ALIASES: dict[str, ModelSource] = {
     )
 }
 
-# Backends that run the GGUF itself: they need its tokenizer, never the safetensors conversion.
-GGUF_BACKENDS = frozenset({"llamacpp"})
-
-
 def default_draft_model(name: str) -> str | None:
     """The alias of ``name``'s default draft model (None for files, folders and aliases without one)."""
     source = ALIASES.get(name)
@@ -91,8 +87,11 @@ def default_draft_model(name: str) -> str | None:
 
 
 def needs_weights_folder(backend: str) -> bool:
-    """Whether ``backend`` loads the transformers weights (so a GGUF must be converted first)."""
-    return backend not in GGUF_BACKENDS
+    """Whether ``backend`` loads the transformers weights (so a GGUF must be converted first), as
+    its registry entry says; a backend that reads the GGUF itself needs only its tokenizer."""
+    from specdec.registry import BACKENDS
+
+    return not BACKENDS.get(backend).reads_gguf
 
 
 @dataclass(frozen=True)
@@ -249,8 +248,8 @@ def _ensure_converted(gguf: Path, hf_dir: Path, report: Reporter) -> None:
 
 # What transformers' AutoTokenizer picks for a GGUF of these architectures (the class from the model
 # type, or its generic backend when the type has none). It decides that from a model config which,
-# for them, it reads with gguf's GGUFReader: 15-60 s here for a 150-260k vocabulary, where the
-# tokenizer itself takes 1-14 s. Naming the choice skips it; the files saved are identical
+# for them, it reads with gguf's GGUFReader, which walks the whole vocabulary (many times the
+# tokenizer's own load for a 150-260k vocabulary). Naming the choice skips it; the files saved are identical
 # (checked for SmolLM2, Gemma 3, Qwen2.5). Other architectures take AutoTokenizer's own way.
 _TOKENIZER_TYPES = {"qwen2": "qwen2", "gemma3": "gemma3_text", "llama": None}
 
@@ -281,8 +280,8 @@ def _ensure_tokenizer(gguf: Path, folder: Path, report: Reporter) -> Path:
     from transformers.integrations.gguf import read_gguf_metadata
 
     try:
-        # transformers' metadata reader rather than gguf.GGUFReader, which takes 15 s here to walk
-        # a 150k-entry vocabulary it would not need to decode.
+        # transformers' metadata reader rather than gguf.GGUFReader, which would walk a 150k-entry
+        # vocabulary it does not need to decode.
         meta, _ = read_gguf_metadata(str(gguf))
         tokenizer = _gguf_tokenizer(gguf, meta)
     except Exception as exc:  # transformers raises many types for unreadable or unsupported files
@@ -314,7 +313,7 @@ def _ensure_tokenizer(gguf: Path, folder: Path, report: Reporter) -> Path:
 
 
 # Tokenizers just read from a GGUF, by the folder they were saved to: the load that follows takes
-# the object rather than reading the folder again (1-2 s for a 150k vocabulary).
+# the object rather than reading the folder again (seconds for a 150k vocabulary).
 _JUST_READ: dict[Path, object] = {}
 
 
@@ -323,7 +322,7 @@ def load_tokenizer(folder: Path):
 
     Folders whose tokenizer files are byte for byte the same share one tokenizer (a shallow copy
     with the folder's chat template): a draft model of the target's family (Qwen2.5-Coder 0.5B for
-    1.5B) costs no second load, 1-2 s for a 152k vocabulary."""
+    1.5B) costs no second load of a 152k vocabulary."""
     key = _tokenizer_key(folder)
     if key is not None and key in _LOADED:
         # The same vocabulary and special tokens; the chat template is the folder's own (Qwen's

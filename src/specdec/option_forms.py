@@ -16,13 +16,19 @@ from specdec.options import TYPE_NAMES, GenerationOptions, Option, all_options, 
 
 def add_arguments(parser, scopes: tuple[str, ...] = ("generation", "model"), skip: tuple[str, ...] = (),
                   defaults: Mapping[str, Any] | None = None) -> None:
-    """argparse flags for every option with a flag (help and choices from the specs). Values are
-    checked by :func:`from_args` (so the message is the same as the server's and the API's)."""
+    """argparse flags for every generation and model option with a flag (help and choices from the
+    specs). Values are checked by :func:`from_args` (so the message is the same as the server's
+    and the API's)."""
+    add_spec_arguments(parser, [o for o in all_options() if o.scope in scopes], skip, defaults)
+
+
+def add_spec_arguments(parser, specs, skip: tuple[str, ...] = (), defaults: Mapping[str, Any] | None = None) -> None:
+    """argparse flags for ``specs`` (e.g. the load and serve options of :mod:`specdec.load_options`)."""
     import argparse
 
     defaults = dict(defaults or {})
-    for opt in all_options():
-        if opt.cli_flag is None or opt.scope not in scopes or opt.name in skip:
+    for opt in specs:
+        if opt.cli_flag is None or opt.name in skip:
             continue
         default = defaults.get(opt.name, opt.default)
         shown = "" if default in (None, (), "") else f" (default: {default})"
@@ -54,7 +60,9 @@ def _arg_type(opt: Option):
 def _choice_help(opt: Option) -> str | None:
     from specdec.registry import DRAFTERS, POLICIES
 
-    registry = {"drafter": DRAFTERS, "policy": POLICIES}.get(opt.name)
+    from specdec.registry import BACKENDS
+
+    registry = {"drafter": DRAFTERS, "policy": POLICIES, "backend": BACKENDS}.get(opt.name)
     if registry is None:
         return None
     return "; ".join(f"{e.name}: {e.help}" for e in registry)
@@ -97,3 +105,13 @@ def from_spec(pairs: Mapping[str, str], base: GenerationOptions) -> GenerationOp
 def server_fields() -> list[Option]:
     """The options a request body may set (besides OpenAI's own names for some of them)."""
     return [o for o in generation_options() if o.server]
+
+
+def flag(name: str) -> str:
+    """A setting as the command line spells it (``max_tokens`` -> ``--max-tokens``)."""
+    return "--" + name.replace("_", "-")
+
+
+def spec_values(args, specs) -> dict[str, Any]:
+    """The values parsed flags gave ``specs`` (those the parser has)."""
+    return {o.name: getattr(args, o.name) for o in specs if hasattr(args, o.name)}

@@ -1,4 +1,4 @@
-"""Idle per-sequence backends kept for reuse (a llama.cpp context takes ~0.25 s to create)."""
+"""Idle per-sequence backends kept for reuse (a llama.cpp context takes a noticeable time to create)."""
 
 from __future__ import annotations
 

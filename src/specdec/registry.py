@@ -156,15 +156,23 @@ def policy(name: str, help: str, *, order: int = 50):
 # -- backends -----------------------------------------------------------------------------------
 @dataclass
 class LoadRequest:
-    """A model to load: where its files are, the weights' dtype, where progress goes."""
+    """A model to load: where its files are, how (:class:`specdec.load_options.LoadOptions`,
+    validated against this backend's entry), where progress goes."""
 
     resolved: Any  # specdec.models.ResolvedModel
-    dtype: str = "float32"
+    options: Any  # specdec.load_options.LoadOptions, validated
     report: Callable[[str], None] | None = None
     tune_kernels: bool = True
-    # Batch-invariant kernels (a k-token forward equals k one-token forwards bit for bit); None:
-    # the backend's default. Backends without such a mode ignore it.
-    exact: bool | None = None
+
+    @property
+    def dtype(self) -> str:
+        return self.options.dtype
+
+    @property
+    def exact(self) -> bool | None:
+        """Batch-invariant kernels (a k-token forward equals k one-token forwards bit for bit); None:
+        the backend's default. Backends without such a mode ignore it."""
+        return self.options.exact
 
 
 @dataclass
@@ -175,8 +183,8 @@ class LoadedWeights:
     cost_key: str  # what the forward cost depends on besides the machine (model, dtype, kernels)
     hf_model: Any = None  # the transformers model, when there is one
     exact: bool = False  # guaranteed: a forward's logits per row do not depend on the batch shape
-    # slots -> a SharedSequences-like object whose ``backend()`` sequences step in one forward
-    # (continuous batching); None: the backend runs each sequence's forwards on their own.
+    # slots -> a specdec.backends.base.BatchedSequences whose ``backend()`` sequences step in one
+    # forward (continuous batching); None: the backend runs each sequence's forwards on its own.
     batched: Callable[[int], Any] | None = None
     # Forget the caches of earlier prompts the weights keep for reuse (a benchmark's cold start).
     forget_prompts: Callable[[], None] | None = None
@@ -184,19 +192,30 @@ class LoadedWeights:
 
 @dataclass(frozen=True)
 class BackendEntry:
+    """A backend as it registered, with what it can do: the dtypes and devices it loads on, whether
+    it reads a GGUF itself (else a transformers folder, converted once from the GGUF), whether it
+    batches several sequences in one forward (``LoadedWeights.batched``) and whether its sequences
+    give layer access (:class:`specdec.context.LayerAccess`, for self-speculation)."""
+
     name: str
     help: str
     load: Callable[[LoadRequest], LoadedWeights]
     dtypes: tuple[str, ...] = ("float32",)
+    devices: tuple[str, ...] = ("cpu",)
+    reads_gguf: bool = False
+    batched: bool = False
+    layer_access: bool = False
     order: int = 50
 
 
 BACKENDS: Registry[BackendEntry] = Registry("backend", "specdec.backends")
 
 
-def backend(name: str, help: str, *, dtypes: tuple[str, ...] = ("float32",), order: int = 50):
-    """Register the decorated ``load(request) -> LoadedWeights`` function under ``name``."""
+def backend(name: str, help: str, *, dtypes: tuple[str, ...] = ("float32",), devices: tuple[str, ...] = ("cpu",),
+            reads_gguf: bool = False, batched: bool = False, layer_access: bool = False, order: int = 50):
+    """Register the decorated ``load(request) -> LoadedWeights`` function under ``name``, with what
+    the backend can do (:class:`BackendEntry`)."""
     def register(load: Callable[[LoadRequest], LoadedWeights]):
-        BACKENDS.add(name, BackendEntry(name, help, load, dtypes, order))
+        BACKENDS.add(name, BackendEntry(name, help, load, dtypes, devices, reads_gguf, batched, layer_access, order))
         return load
     return register

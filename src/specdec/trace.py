@@ -86,9 +86,16 @@ def step_record(step: StepTrace, codec: TextCodec, emitted_text: list[str],
     return record
 
 
+def _loaded(model):
+    """The loaded side of a :class:`specdec.api.Model` (or a loaded model itself)."""
+    return getattr(model, "loaded", model)
+
+
 def own_codec(model: Model, draft_model: Model | None) -> TextCodec | None:
     """The draft model's codec when it tokenizes differently (its own tokens are then worth showing)."""
-    return draft_model.codec if draft_model is not None and draft_model.codec is not model.codec else None
+    codec = model.loaded.codec
+    draft_codec = _loaded(draft_model).codec if draft_model is not None else None
+    return draft_codec if draft_codec is not None and draft_codec is not codec else None
 
 
 def document(output: Output, model: Model, *, settings: dict | None = None,
@@ -100,14 +107,14 @@ def document(output: Output, model: Model, *, settings: dict | None = None,
     ``records`` are the step records if a live view already made them.
     """
     if records is None:
-        detok = Detokenizer(model.codec)
+        detok = Detokenizer(model.loaded.codec)
         draft_codec = own_codec(model, draft_model)
-        records = [step_record(s, model.codec, detok.add(s.emitted), draft_codec) for s in output.trace]
+        records = [step_record(s, model.loaded.codec, detok.add(s.emitted), draft_codec) for s in output.trace]
     doc = {
         "format": FORMAT,
         "version": VERSION,
         "model": model.name,
-        "backend": model.backend_name,
+        "backend": model.loaded.backend_name,
         "draft_model": draft_model.name if draft_model is not None else None,
         "settings": settings or {},
         "prompt": model.decode(output.prompt_ids),

@@ -7,8 +7,9 @@ new file implementing these members, registered with :func:`specdec.registry.bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -114,3 +115,24 @@ def check_keep(tree: Sequence[int] | None, start: int, length: int, keep: Sequen
         if not 0 <= offset < len(parents) or parents[offset] != previous:
             raise ValueError(f"kept offsets {list(keep)} are not a path from the root of the last extend")
         previous = offset
+
+
+@runtime_checkable
+class BatchedSequences(Protocol):
+    """Sequences of one model stepped together (continuous batching): what a backend's
+    ``LoadedWeights.batched(slots)`` returns, for a backend whose registry entry says ``batched``.
+
+    Each :meth:`backend` is a :class:`Backend` of its own (its KV cache, its rollback), whose
+    forwards wait for the other running sequences' and go into one forward with them; it prices its
+    rows at their margin in the batch (:meth:`Backend.forward_costs`). ``costs`` gives the model's
+    curve for the batch's forwards to refine (set by the loaded model); the counters say how much
+    was batched."""
+
+    slots: int
+    costs: Callable[[], CostModel | None] | None
+    ticks: int  # forwards run
+    rows: int  # rows in them
+    decode_s: float  # seconds in them
+
+    def backend(self) -> Backend:
+        """A sequence on a free slot (the model's pool keeps at most ``slots`` of them)."""

@@ -225,7 +225,7 @@ class HFBackend(Backend):
 
 
 @backend("transformers", "PyTorch through Hugging Face transformers (float32, or bfloat16 on CPUs with "
-                         "native bf16)", dtypes=tuple(DTYPES), order=0)
+                         "native bf16)", dtypes=tuple(DTYPES), layer_access=True, order=0)
 def load_transformers(request: LoadRequest) -> LoadedWeights:
     """Load the safetensors cache; fp32 models get this machine's tuned matmul kernels."""
     from transformers import AutoModelForCausalLM
@@ -235,6 +235,8 @@ def load_transformers(request: LoadRequest) -> LoadedWeights:
     from specdec.models import no_progress_bars
 
     dtype = DTYPES[request.dtype]
+    if request.options.threads:
+        torch.set_num_threads(request.options.threads)
     if dtype == torch.bfloat16 and not has_native_bf16():
         (request.report or _warn)("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bfloat16 runs "
                                   "emulated and is likely slower than float32")
@@ -244,8 +246,8 @@ def load_transformers(request: LoadRequest) -> LoadedWeights:
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"could not load model {request.resolved.name} from {request.resolved.hf_dir}: "
                            f"{exc}") from exc
-    # bf16 kernels are already nearly flat in the row count (measured: Gemma 52-73 ms for 1-16
-    # rows) and the rerouting did not help them, so only fp32 models are tuned.
+    # bf16 kernels are already nearly flat in the row count and the rerouting did not help them
+    # (docs: benchmarks), so only fp32 models are tuned.
     tune = request.tune_kernels and dtype == torch.float32
     if tune:
         key = f"{request.resolved.name}-{dtype}-{machine_tag()}"

@@ -26,12 +26,13 @@ __all__ = ["EXACT", "FAST", "Kernels", "LlamaCppBackend", "LlamaCppWeights", "Sh
 
 
 @backend("llamacpp", "llama.cpp on the GGUF itself (needs specdec[llamacpp]; several times faster than "
-                     "fp32 PyTorch here)", order=10)
+                     "fp32 PyTorch here)", reads_gguf=True, batched=True, order=10)
 def _load(request: LoadRequest) -> LoadedWeights:
     gguf = request.resolved.gguf
     if gguf is None:
         raise SpecdecError(f"the llama.cpp backend needs a GGUF file; {request.resolved.name} is a transformers folder")
-    weights = load_llamacpp(str(gguf), exact=request.exact)
+    weights = load_llamacpp(str(gguf), exact=request.exact, n_ctx=request.options.context,
+                            n_threads=request.options.threads)
     forget = weights.prompts.clear if weights.prompts is not None else None
     # The cost curve is measured per kernel setting: specdec's multi-row kernels and capped
     # micro-batches price rows differently.

@@ -1,7 +1,7 @@
 """Several sequences in one llama.cpp forward: continuous batching for ``specdec serve``.
 
-On this CPU a forward of 8 one-token rows costs about 4.2x a forward of one, so generations that
-step together make more tokens per second than generations that take turns. :class:`SharedSequences`
+A forward of 8 one-token rows costs a fraction of 8 forwards of one, so generations that step
+together make more tokens per second than generations that take turns. :class:`SharedSequences`
 is one llama.cpp context with a KV stream per sequence; every sequence's ``extend`` is a
 submission, and one ticker thread puts the submissions of all running sequences into one
 ``llama_decode`` (a *tick*). Each generation's engine loop is unchanged and still the reference it

@@ -65,7 +65,7 @@ class Kernels:
 
 
 # K and V of different types keep flash attention off its split-KV and tiled paths (both require
-# equal types); q8_0 K with f16 V was the fastest such pair measured here (AVX-512 and AVX2).
+# equal types); q8_0 K with f16 V was the fastest such pair (measured on AVX-512 and AVX2).
 EXACT = Kernels("exact", FLASH_ATTN_ON, GGML_Q8_0, GGML_F16)
 FAST = Kernels("fast", FLASH_ATTN_AUTO, GGML_F16, GGML_F16)
 DEFAULT_EXACT = True

@@ -1,17 +1,22 @@
 """What every benchmark method is (ours and the peers'): a :class:`Method` that generates and a
-:class:`RunResult` of one run, and which plain method each family is measured against. The
-methods themselves live in :mod:`specdec.bench.methods` and the peers' own modules, which import
-this one (never the reverse)."""
+:class:`RunResult` of one run, which plain method each family is measured against, and the
+registry of peers (:data:`PEERS`): each peer is one file of :mod:`specdec.bench.peers` that
+registers its method heads with :func:`peer`, their written form, family, backend and how they
+are parsed, checked and built. Our own methods are in :mod:`specdec.bench.methods`; both import
+this module (never the reverse)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from specdec.errors import SpecdecError
+from specdec.registry import Registry
 from specdec.stats import GenerationStats
 
-BASELINES = {"ours": "plain", "hf": "hf-plain", "llamacpp": "llamacpp-plain", "vllm": "vllm-plain",
-             "llama-server": "llama-server-plain"}
+OURS = "ours"  # our methods' family, measured against ``plain``
 
 
 @dataclass
@@ -53,8 +58,102 @@ class Method(ABC):
 
     @property
     def baseline(self) -> str:
-        return BASELINES[self.family]
+        return baseline(self.family)
 
     @abstractmethod
     def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None) -> RunResult:
         """Generate after ``prompt_ids``; only the generation call itself is timed."""
+
+
+# -- peers --------------------------------------------------------------------------------------
+@dataclass
+class PeerContext:
+    """What a peer method is built from: the bench's target (our loaded :class:`specdec.Model` and
+    its name), the run's backend, dtype and options (the sampling), and a cache so that each peer
+    model or server is loaded at most once per bench."""
+
+    model: Any  # specdec.api.Model
+    model_name: str
+    backend: str
+    dtype: str
+    options: Any  # specdec.options.GenerationOptions
+    _cache: dict = field(default_factory=dict)
+
+    def once(self, key, make: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+
+@dataclass(frozen=True)
+class PeerEntry:
+    """One peer method head (``hf-lookup``) as :func:`peer` registered it.
+
+    ``parse(spec, args, pairs, target)`` checks a method string and returns its settings (mistakes
+    read ``method 'SPEC': ...``; ``target`` is the model's name, None when not yet known);
+    ``available()`` raises where the peer is not installed; ``build(context, spec, settings)`` makes
+    the :class:`Method`. ``backend``: the ``--backend`` the run must have (None: any)."""
+
+    name: str
+    form: str
+    family: str
+    build: Callable[[PeerContext, str, Any], Method]
+    parse: Callable[[str, list, dict, str | None], Any]
+    backend: str | None = None
+    available: Callable[[], Any] | None = None
+    baseline: bool = False  # the plain method its family is measured against
+    order: int = 50
+
+
+PEERS: Registry[PeerEntry] = Registry("bench method", "specdec.bench.peers")
+
+
+def peer(name: str, form: str, family: str, *, parse: Callable[[str, list, dict, str | None], Any],
+         backend: str | None = None, available: Callable[[], Any] | None = None, baseline: bool = False,
+         order: int = 50):
+    """Register the decorated ``build(context, spec, settings) -> Method`` as the peer ``name``."""
+    def register(build: Callable[[PeerContext, str, Any], Method]):
+        PEERS.add(name, PeerEntry(name, form, family, build, parse, backend, available, baseline, order))
+        return build
+    return register
+
+
+def baseline(family: str) -> str:
+    """The plain method a family is measured against."""
+    if family == OURS:
+        return "plain"
+    for entry in PEERS:
+        if entry.family == family and entry.baseline:
+            return entry.name
+    raise SpecdecError(f"no plain method is registered for the {family} family")
+
+
+def baselines() -> dict[str, str]:
+    """Every family's plain method."""
+    return {OURS: "plain", **{e.family: e.name for e in PEERS if e.baseline}}
+
+
+def split(spec: str) -> tuple[str, list[str], dict[str, str]]:
+    """A method string's head, bare words and ``key=value`` pairs."""
+    parts = spec.strip().split(":")
+    if not parts or not parts[0]:
+        raise SpecdecError(f"unknown method {spec!r}")
+    args = [p for p in parts[1:] if "=" not in p]
+    pairs = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    return parts[0], args, pairs
+
+
+def positive(spec: str, value: str, name: str = "k") -> int:
+    """A peer's whole-number setting (its own library's parameter, not one of our options)."""
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SpecdecError(f"method {spec!r}: {name} must be a whole number >= 1")
+    return k
+
+
+def no_more(spec: str, pairs: dict) -> None:
+    if pairs:
+        raise SpecdecError(f"method {spec!r}: unknown option(s) {', '.join(pairs)}")

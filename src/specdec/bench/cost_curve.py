@@ -16,7 +16,7 @@ SIZES = (1, 2, 4, 8, 16, 32)
 def measure(model: Model, repeats: int = 5) -> dict[int, float]:
     """Seconds per forward of K new tokens on a ~200-token cache."""
     context = (model.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
-    return measure_forward_costs(model.backend(), context, SIZES, repeats)
+    return measure_forward_costs(model.loaded.backend(), context, SIZES, repeats)
 
 
 def expected_speedup(alpha: float, k: float, c: float, verify_ratio: float = 1.0) -> float:

@@ -1,43 +1,29 @@
-"""Benchmark methods: ours through :meth:`specdec.Model.generate`, the peers through their own
-public APIs (transformers' ``generate``, llama-cpp-python's ``Llama.generate``).
+"""Our benchmark methods, through :meth:`specdec.Model.generate`, and the factory that builds every
+method of a bench run, ours and the registered peers' (:data:`specdec.bench.base.PEERS`).
 
 Method strings: ``plain`` and every registered drafter as
 ``NAME[:ALIAS][:k=K][:policy=P][:tree][:verify=V][:OPTION=VALUE]`` (``ALIAS`` for drafters that run a
 model). Everything after the name is a generation option (:mod:`specdec.options`; ``k`` is
 ``num_draft``, a bare boolean option's name such as ``tree`` turns it on), so an option a drafter
 declares in its own file works here unchanged; the sampling comes from the bench's flags, the same
-for every method. The peers: ``hf-plain``, ``hf-lookup[:k=K]``, ``hf-assisted:ALIAS``,
-``llamacpp-plain[:exact]``, ``llamacpp-lookup[:exact][:k=K]``, vLLM's (:mod:`specdec.bench.vllm_peer`)
-and llama.cpp's own server's ``llama-server-*`` (:mod:`specdec.bench.llama_server_peer`).
+for every method. The peers' forms are their own (:mod:`specdec.bench.peers`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specdec import option_forms
-from specdec.api import Model, load
+from specdec.api import Model
+from specdec.bench.base import PEERS, Method, PeerContext, RunResult, baseline, baselines, split
 from specdec.errors import SpecdecError
-from specdec.models import resolve
+from specdec.loaded import LoadedModel, load_model
 from specdec.options import GenerationOptions, Option, generation_options
 from specdec.registry import DRAFTERS
-from specdec.bench.base import BASELINES, Method, RunResult  # noqa: F401  (re-exported: the bench's names)
 
-# method -> the backend our run must use (None: any; vLLM loads the model's transformers folder
-# itself, llama-server its GGUF)
-LLAMA_SERVER = ("llama-server-plain", "llama-server-draft", "llama-server-ngram-simple",
-                "llama-server-ngram-map-k", "llama-server-ngram-map-k4v", "llama-server-ngram-mod",
-                "llama-server-ngram-cache")
-PEERS = {"hf-plain": "transformers", "hf-lookup": "transformers", "hf-assisted": "transformers",
-         "llamacpp-plain": "llamacpp", "llamacpp-lookup": "llamacpp", "vllm-plain": None, "vllm-ngram": None,
-         **dict.fromkeys(LLAMA_SERVER)}
-PEER_FORMS = ("hf-plain", "hf-lookup[:k=K]", "hf-assisted:ALIAS", "llamacpp-plain[:exact]",
-              "llamacpp-lookup[:exact][:k=K]", "vllm-plain", "vllm-ngram[:k=K]", "llama-server-plain",
-              "llama-server-draft[:ALIAS][:n=N]", "llama-server-ngram-simple[:n=N]",
-              "llama-server-ngram-map-k[:n=N]", "llama-server-ngram-map-k4v[:n=N]",
-              "llama-server-ngram-mod[:n=N]", "llama-server-ngram-cache")
+__all__ = ["MethodFactory", "OurMethod", "baseline", "baselines", "check_specs", "method_forms", "our_options"]
+
 
 def method_forms() -> list[str]:
     """Every method string this build understands (ours from the drafter registry and the option
@@ -50,7 +36,7 @@ def method_forms() -> list[str]:
         own = [o for o in entry.options if o.bench and o.scope == "generation"]
         ours.append(entry.name + (":ALIAS" if entry.needs_draft_model else "")
                     + "".join(_form(o) for o in core + own))
-    return ours + list(PEER_FORMS)
+    return ours + [entry.form for entry in PEERS]
 
 
 def _spec_options() -> list[Option]:
@@ -69,14 +55,14 @@ class OurMethod(Method):
     name: str
     model: Model
     options: GenerationOptions  # validated; max_new_tokens and seed are set per question
-    draft_model: Model | None = None
+    draft_model: LoadedModel | None = None
     family: str = "ours"
 
     def run(self, prompt_ids, max_new_tokens, seed):
         options = self.options.with_(max_new_tokens=max_new_tokens, seed=seed)
         # Cold, like the peers (whose caches are reset): another method's run of the same question
         # must not leave this one its prompt.
-        for model in (self.model, self.draft_model):
+        for model in (self.model.loaded, self.draft_model):
             if model is not None:
                 model.forget_prompts()
         t0 = time.perf_counter()
@@ -87,92 +73,8 @@ class OurMethod(Method):
 
 
 @dataclass
-class HFMethod(Method):
-    name: str
-    hf_model: object
-    eos: list[int]
-    pad: int
-    extra: dict
-    options: GenerationOptions  # the sampling is read from it
-    family: str = "hf"
-
-    def run(self, prompt_ids, max_new_tokens, seed):
-        import torch
-
-        ids = torch.tensor([prompt_ids])
-        kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-                      attention_mask=torch.ones_like(ids), **self.extra)
-        s = self.options
-        if s.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-        else:
-            if seed is not None:
-                torch.manual_seed(seed)
-            kwargs.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
-        calls = [0]
-        # Counting the target's forwards gives the peers' mean accepted length too (their first
-        # forward takes the prompt with the first token's work, so every forward counts).
-        hook = self.hf_model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        try:
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = self.hf_model.generate(ids, **kwargs)
-            wall = time.perf_counter() - t0
-        finally:
-            hook.remove()
-        return RunResult(out[0, len(prompt_ids):].tolist(), wall, peer_forwards=calls[0])
-
-
-@dataclass
-class LlamaMethod(Method):
-    name: str
-    llama: object
-    eos: set[int]
-    options: GenerationOptions  # the sampling is read from it
-    family: str = "llamacpp"
-
-    def run(self, prompt_ids, max_new_tokens, seed):
-        s = self.options
-        # A fresh start: Llama.generate would otherwise reuse the KV cache of a shared prefix.
-        self.llama.reset()
-        if seed is not None:
-            self.llama.set_seed(seed)
-        out: list[int] = []
-        t0 = t_first = time.perf_counter()
-        # Our sampling, like for like: top_k 0 is no top-k cut (llama.cpp skips k <= 0) and no min-p
-        # (its default 0.05 would cut the tail). Its chain applies top-p before the temperature, ours
-        # after: the same only when top_p is 1 or the temperature 1.
-        for tok in self.llama.generate(prompt_ids, temp=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                       min_p=0.0, repeat_penalty=1.0, reset=True):
-            out.append(int(tok))
-            if len(out) == 1:
-                t_first = time.perf_counter()  # the prompt is done: llama.cpp's generation time starts
-            if tok in self.eos or len(out) >= max_new_tokens:
-                break
-        t_end = time.perf_counter()
-        return RunResult(out, t_end - t0, gen_s=t_end - t_first, gen_tokens=max(0, len(out) - 1))
-
-
-@dataclass
-class VllmMethod(Method):
-    """vLLM on CPU (fp32) in a worker process of its own environment (:mod:`specdec.bench.vllm_peer`)."""
-
-    name: str
-    worker: object  # specdec.bench.vllm_peer.VllmWorker
-    options: GenerationOptions
-    family: str = "vllm"
-
-    def run(self, prompt_ids, max_new_tokens, seed):
-        s = self.options
-        answer = self.worker.generate({"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens,
-                                       "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                                       "seed": seed})
-        return RunResult(answer["token_ids"], answer["wall_s"])
-
-
-@dataclass
 class MethodFactory:
-    """Builds methods for one target model, loading each peer model at most once.
+    """Builds methods for one target model, loading each peer model or server at most once.
 
     ``options`` are the bench's (its sampling flags); each of our methods adds what its spec chose.
     """
@@ -188,102 +90,25 @@ class MethodFactory:
         head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
             return self._ours(spec)
-        if head.startswith("hf-"):
-            return self._hf(spec, head, args, pairs)
-        if head.startswith("llamacpp-"):
-            return self._llamacpp(spec, head, args, pairs)
-        if head.startswith("llama-server-"):
-            from specdec.bench import llama_server_peer as llama_server
-
-            settings = llama_server.parse(spec, head, args, pairs, self.model_name)
-            server = self._once(("llama-server", settings),
-                                lambda: llama_server.server_for(self.model_name, settings))
-            return llama_server.LlamaServerMethod(spec, server, self.options)
-        if head.startswith("vllm-"):
-            from specdec.bench import vllm_peer as vllm
-
-            settings = vllm.parse(spec, head, args, pairs)
-            worker = self._once(("vllm", settings.ngram),
-                                lambda: vllm.VllmWorker(resolve(self.model_name).hf_dir, settings.ngram))
-            return VllmMethod(spec, worker, self.options)
-        raise _unknown(spec)
+        entry = _peer(spec, head)
+        _check_backend(spec, entry, self.backend)
+        settings = entry.parse(spec, args, pairs, self.model_name)
+        context = PeerContext(self.model, self.model_name, self.backend, self.dtype, self.options, self._cache)
+        return entry.build(context, spec, settings)
 
     def _ours(self, spec: str) -> Method:
         options, alias = our_options(spec, self.options)  # the loaded model knows its default draft model
         draft_model = None
         if alias is not None:
-            draft_model = self._once(("ours", alias), lambda: load(alias, dtype=self.dtype,
-                                                                   backend=self.backend, exact=self.model.exact))
+            draft_model = self._once(("ours", alias), lambda: load_model(alias, self.model.loaded.options))
         elif DRAFTERS.get(options.drafter).needs_draft_model:  # no ALIAS: the target's default draft model
-            draft_model = self.model.default_draft_model()
+            draft_model = self.model.loaded.default_draft_model()
             if draft_model is None:
                 raise SpecdecError(f"method {spec!r}: write {options.drafter}:ALIAS ({self.model.name} names no "
                                    "default draft model)")
         return OurMethod(spec, self.model, options, draft_model)
 
-    def _hf(self, spec, head, args, pairs) -> Method:
-        if self.backend != "transformers":
-            raise SpecdecError(f"method {spec!r} runs on --backend transformers (this run is {self.backend})")
-        extra: dict = {}
-        if head == "hf-lookup":
-            extra["prompt_lookup_num_tokens"] = _positive(spec, pairs.pop("k", "10"))
-        elif head == "hf-assisted":
-            if len(args) != 1:
-                raise SpecdecError(f"method {spec!r}: write hf-assisted:ALIAS")
-            extra["assistant_model"] = self._hf_model(args[0])
-            from transformers import AutoTokenizer
-
-            assistant = AutoTokenizer.from_pretrained(resolve(args[0]).hf_dir)
-            if assistant.get_vocab() != self.model.tokenizer.get_vocab():
-                # Universal Assisted Generation (greedy, through text; token intersection when sampling)
-                extra.update(tokenizer=self.model.tokenizer, assistant_tokenizer=assistant)
-        elif head != "hf-plain":
-            raise _unknown(spec)
-        _no_more(spec, pairs)
-        tok = self.model.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else sorted(self.model.eos_token_ids)[0]
-        return HFMethod(spec, self._hf_model(self.model_name), sorted(self.model.eos_token_ids), pad, extra,
-                        self.options)
-
-    def _hf_model(self, name: str):
-        """An untouched transformers model, loaded as a user would (our Model's kernels are rerouted)."""
-        def make():
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]
-            return AutoModelForCausalLM.from_pretrained(resolve(name).hf_dir, dtype=dtype).eval()
-
-        return self._once(("hf", name), make)
-
-    def _llamacpp(self, spec, head, args, pairs) -> Method:
-        if self.backend != "llamacpp":
-            raise SpecdecError(f"method {spec!r} runs on --backend llamacpp (this run is {self.backend})")
-        if head not in ("llamacpp-plain", "llamacpp-lookup"):
-            raise _unknown(spec)
-        import os
-
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        kwargs = dict(model_path=str(resolve(self.model_name, need_hf=False).gguf), n_ctx=4096,
-                      n_threads=os.cpu_count(), verbose=False)
-        if args == ["exact"]:
-            # Our exact kernels' KV types; its API cannot cap decoding at a few rows a micro-batch
-            # without capping its prompt's too, so its plain decoding keeps one-row kernels anyway.
-            from specdec.backends.llamacpp_kernels import EXACT
-
-            kwargs.update(flash_attn=True, type_k=EXACT.type_k, type_v=EXACT.type_v)
-        elif args:
-            raise SpecdecError(f"method {spec!r}: write {head}[:exact]")
-        if head == "llamacpp-lookup":
-            k = _positive(spec, pairs.pop("k", "10"))
-            # logits_all: without it llama-cpp-python's lookup crashes on prompts over 512 tokens.
-            kwargs.update(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k), logits_all=True)
-        _no_more(spec, pairs)
-        return LlamaMethod(spec, Llama(**kwargs), set(self.model.eos_token_ids), self.options)
-
-    def _once(self, key, make: Callable):
+    def _once(self, key, make):
         if key not in self._cache:
             self._cache[key] = make()
         return self._cache[key]
@@ -315,52 +140,37 @@ def our_options(spec: str, base: GenerationOptions,
 
 
 def check_specs(specs: list[str], backend: str, base: GenerationOptions, model: str | None = None) -> None:
-    """Refuse malformed methods, and peers of the other backend, before any model is loaded
-    (with ``model``, also a drafter without ``:ALIAS`` on a target with no default draft model)."""
+    """Refuse malformed methods, peers of the other backend and peers not installed, before any
+    model is loaded (with ``model``, also a drafter without ``:ALIAS`` on a target with no default
+    draft model)."""
     for spec in specs:
         head, args, pairs = _split(spec)
         if head == "plain" or head in DRAFTERS:
             our_options(spec, base, model)
-        elif head.startswith("llama-server-"):
-            from specdec.bench import llama_server_peer as llama_server
+            continue
+        entry = _peer(spec, head)
+        _check_backend(spec, entry, backend)
+        entry.parse(spec, args, dict(pairs), model)
+        if entry.available is not None:
+            entry.available()
 
-            llama_server.parse(spec, head, args, pairs, model)
-            llama_server.binary()
-        elif head in PEERS:
-            if head.startswith("vllm-"):
-                from specdec.bench import vllm_peer as vllm
 
-                vllm.parse(spec, head, args, pairs)
-                vllm.vllm_python()
-            elif PEERS[head] != backend:
-                raise SpecdecError(f"method {spec!r} runs on --backend {PEERS[head]} (this run is {backend})")
-        else:
-            raise _unknown(spec)
+def _peer(spec: str, head: str):
+    if head not in PEERS:
+        raise _unknown(spec)
+    return PEERS.get(head)
+
+
+def _check_backend(spec: str, entry, backend: str) -> None:
+    if entry.backend is not None and entry.backend != backend:
+        raise SpecdecError(f"method {spec!r} runs on --backend {entry.backend} (this run is {backend})")
 
 
 def _split(spec: str) -> tuple[str, list[str], dict[str, str]]:
-    parts = [p for p in spec.strip().split(":")]
-    if not parts or not parts[0]:
-        raise _unknown(spec)
-    args = [p for p in parts[1:] if "=" not in p]
-    pairs = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    return parts[0], args, pairs
-
-
-def _positive(spec: str, value: str) -> int:
-    """A peer's ``k`` (its own library's parameter, not one of our options)."""
     try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise SpecdecError(f"method {spec!r}: k must be a whole number >= 1")
-    return k
-
-
-def _no_more(spec: str, pairs: dict) -> None:
-    if pairs:
-        raise SpecdecError(f"method {spec!r}: unknown option(s) {', '.join(pairs)}")
+        return split(spec)
+    except SpecdecError:
+        raise _unknown(spec) from None
 
 
 def _unknown(spec: str) -> SpecdecError:

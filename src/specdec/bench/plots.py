@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_speedups(results: dict, path: Path) -> None:
     """Grouped bars: speed-up over each method's own plain baseline, by category."""
-    from specdec.bench.methods import BASELINES
+    from specdec.bench.methods import baselines
 
     # The plain methods are 1.0 by definition: the dashed line stands for them.
     methods = [m for m, r in results["methods"].items()
-               if r["overall"]["speedup"] is not None and m not in BASELINES.values()]
+               if r["overall"]["speedup"] is not None and m not in baselines().values()]
     categories = sorted({c for m in methods for c in results["methods"][m]["categories"]}) + ["overall"]
     fig, ax = plt.subplots(figsize=(min(16, max(8, 0.35 * len(categories) * max(1, len(methods)))), 5))
     width = 0.8 / max(1, len(methods))

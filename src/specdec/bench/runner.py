@@ -89,7 +89,7 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     learned = {m.name: Learned() for m in methods}
     warmup = model.encode(WARMUP_PROMPT, chat=chat)
     for method in list(bench.methods):
-        model.learned = learned[method.name]
+        model.loaded.learned = learned[method.name]
         attempt(method, warmup, min(4, max_new_tokens), seed)
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
@@ -100,9 +100,9 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
             for method in current[shift:] + current[:shift]:
                 if method not in bench.methods:
                     continue
-                model.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
+                model.loaded.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
                 result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i)
-                learned[method.name] = model.learned
+                learned[method.name] = model.loaded.learned
                 if result is not None and (method.name not in fastest or result.wall_s < fastest[method.name].wall_s):
                     fastest[method.name] = result
         for method in bench.methods:
@@ -202,7 +202,7 @@ def _divergences(bench: BenchRun, method: Method, base: list[RunResult], n: int,
         if mine == theirs:
             continue
         pos = _first_mismatch(mine, theirs)
-        logits = model.backend().extend(bench.prompts[i] + theirs[:pos])[-1]
+        logits = model.loaded.backend().extend(bench.prompts[i] + theirs[:pos])[-1]
         top2 = logits.topk(2).values
         found.append({"question_id": bench.questions[i].question_id, "category": bench.questions[i].category,
                       "position": pos, "top2_margin": round(float(top2[0] - top2[1]), 4)})

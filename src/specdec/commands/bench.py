@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.api import load
     from specdec.bench import cost_curve, plots
-    from specdec.bench.methods import BASELINES, MethodFactory
+    from specdec.bench.methods import MethodFactory, baseline
     from specdec.commands.common import quiet_libraries
     from specdec.cpu import machine_tag
     from specdec.commands.common import resolve_model
@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     methods = [factory.build(s) for s in specs]
     # Every speed-up needs its family's plain method in the same run.
     for family in {m.family for m in methods}:
-        if BASELINES[family] not in [m.name for m in methods]:
-            methods.insert(0, factory.build(BASELINES[family]))
+        if baseline(family) not in [m.name for m in methods]:
+            methods.insert(0, factory.build(baseline(family)))
     console = Console(stderr=True)
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "exact": model.exact,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,

@@ -28,21 +28,17 @@ def quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """``--model`` and the load options (:data:`specdec.load_options.LOAD`: backend, dtype, exact,
+    device, threads, context)."""
+    from specdec import option_forms
+    from specdec.load_options import LOAD
     from specdec.models import ALIASES, DEFAULT_MODEL
-    from specdec.registry import BACKENDS
 
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"alias ({', '.join(ALIASES)}), a .gguf file or a transformers folder "
                              f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--backend", default="transformers", choices=BACKENDS.names(),
-                        help="; ".join(f"{e.name}: {e.help}" for e in BACKENDS) + " (default: transformers)")
-    dtypes = sorted({d for e in BACKENDS for d in e.dtypes})
-    parser.add_argument("--dtype", default="float32", choices=dtypes, help="weights dtype (default: float32)")
-    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                        help="batch-invariant kernels, so speculative output equals plain decoding's token for "
-                             "token even at near-ties (llama.cpp: on by default where its build allows it; "
-                             "--no-exact runs its fastest kernels)")
+    option_forms.add_spec_arguments(parser, LOAD, skip)
 
 
 def resolve_model(name: str, backend: str) -> ResolvedModel:
@@ -54,8 +50,13 @@ def resolve_model(name: str, backend: str) -> ResolvedModel:
 
 
 def load_options(args: argparse.Namespace) -> dict:
-    """The keyword arguments of :func:`specdec.load` that the model options chose."""
-    return dict(dtype=args.dtype, backend=args.backend, exact=args.exact)
+    """The keyword arguments of :func:`specdec.load` that the load options chose (checked: one
+    ``error:`` line for the first mistake, spelled as the flag)."""
+    from specdec import option_forms
+    from specdec.load_options import LOAD, LoadOptions
+
+    chosen = LoadOptions.of(option_forms.spec_values(args, LOAD), spell=option_forms.flag)
+    return chosen.validate(spell=option_forms.flag).to_dict()
 
 
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
@@ -83,8 +84,8 @@ def generation_options(args: argparse.Namespace):
     """The validated :class:`~specdec.options.GenerationOptions` the flags chose; also checks the
     model options, the draft model's presence and the dtype (before any model loads)."""
     from specdec import option_forms
+    from specdec.load_options import draft_model_for
     from specdec.options import all_options
-    from specdec.registry import BACKENDS, DRAFTERS
 
     chosen = option_forms.from_args(args)
     for opt in all_options():
@@ -92,24 +93,11 @@ def generation_options(args: argparse.Namespace):
             wrong = opt.problem(getattr(args, opt.name))
             if wrong:
                 raise SpecdecError(wrong)
-    entry = DRAFTERS.get(chosen.drafter)
-    draft_model = getattr(args, "draft_model", None)
-    if entry.needs_draft_model and not draft_model:
-        from specdec.models import default_draft_model
-
-        model = getattr(args, "model", None)
-        default = default_draft_model(model) if model else None
-        if default is None:
-            raise SpecdecError(f"--drafter {chosen.drafter} needs --draft-model "
-                               f"({model or 'the model'} names no default draft model)")
-        # From here on the alias's default is what --draft-model would have said: the commands
-        # check, load and name it as if it had been given.
-        args.draft_model = draft_model = default
-    elif draft_model and not entry.needs_draft_model:
-        raise SpecdecError(f"--draft-model is only used with a drafter that runs a model "
-                           f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
-    if args.dtype not in BACKENDS.get(args.backend).dtypes:
-        raise SpecdecError(f"--dtype {args.dtype} is not available on the {args.backend} backend")
+    # From here on the alias's default is what --draft-model would have said: the commands check,
+    # load and name it as if it had been given.
+    args.draft_model = draft_model_for(chosen.drafter, getattr(args, "draft_model", None),
+                                       getattr(args, "model", None), spell=option_forms.flag)
+    load_options(args)
     return chosen
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 NAME = "generate"
 ORDER = 0
-COMPARE_PAIRS = 3  # 6 timed runs: the demo's 160 tokens take about 20 s on SmolLM2 here
+COMPARE_PAIRS = 3  # 6 timed runs: enough pairs for a spread, few enough for a demo
 
 
 def add_parser(sub) -> None:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, **load_options(args))
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
-        model.enable_memory(args.memory)
+        model.loaded.enable_memory(args.memory)
     options = args.options
     if args.compare and not options.greedy and options.seed is None:
         from specdec.sampling import random_seed
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         # Timed runs carry no trace (recording p and q costs time) and no live view.
         measured = measure(model, prompt_ids, kwargs, args.repeats or COMPARE_PAIRS, reset)
     if args.memory:
-        model.memory.save(args.memory)
+        model.loaded.memory.save(args.memory)
     if args.trace:
         from specdec.trace import document
         from specdec.views.files import save
@@ -161,14 +161,14 @@ def watched(model, draft_model, prompt_ids, kwargs):
     from specdec.views.terminal import LiveView, describe
 
     run = model.start(prompt_ids, **kwargs, trace=True)
-    detok = Detokenizer(model.codec)
+    detok = Detokenizer(model.loaded.codec)
     draft_codec = own_codec(model, draft_model)
-    title = describe({"model": model.name, "backend": model.backend_name, "settings": kwargs["options"].to_dict(),
+    title = describe({"model": model.name, "backend": model.loaded.backend_name, "settings": kwargs["options"].to_dict(),
                       "draft_model": draft_model.name if draft_model is not None else None})
     records = []
     with LiveView(plain_step_s=plain_step_s(model), title=title) as view:
         for step in run:
-            records.append(step_record(step, model.codec, detok.add(step.emitted), draft_codec))
+            records.append(step_record(step, model.loaded.codec, detok.add(step.emitted), draft_codec))
             view.update(records[-1])
     return model.finish(run, run.result, run.options.stop), records
 
@@ -176,7 +176,7 @@ def watched(model, draft_model, prompt_ids, kwargs):
 def plain_step_s(model) -> float | None:
     """This machine's cost of a plain decoding step (for the views' speed-up estimate)."""
     try:
-        return model.cost_model().forward(1)
+        return model.loaded.cost_model().forward(1)
     except Exception:  # an estimate only: a view without it is still right
         return None
 
@@ -216,7 +216,7 @@ def start_state(model, draft_model, memory: str | None) -> Callable[[], None]:
     output to the memory when it finishes)."""
     from specdec.bench.runner import snapshot
 
-    models = [m for m in (model, draft_model) if m is not None]
+    models = [m.loaded for m in (model, draft_model) if m is not None]
     learned = [snapshot(m.learned) for m in models]
 
     def reset() -> None:
@@ -224,7 +224,7 @@ def start_state(model, draft_model, memory: str | None) -> Callable[[], None]:
             m.learned = snapshot(state)
             m.forget_prompts()
         if memory:
-            model.enable_memory(memory)
+            model.loaded.enable_memory(memory)
 
     return reset
 

@@ -6,9 +6,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from specdec.commands.common import add_generation_options, add_model_options, check_positive, generation_options, \
-    load_options, quiet_libraries
+from specdec import option_forms
+from specdec.commands.common import add_generation_options, add_model_options, generation_options, load_options, \
+    quiet_libraries
 from specdec.errors import SpecdecError
+from specdec.load_options import SERVE, ServeOptions
 from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, as_flag
 
 if TYPE_CHECKING:
@@ -30,13 +32,7 @@ def add_parser(sub) -> None:
     add_generation_options(srv, skip=PER_REQUEST)
     srv.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     srv.add_argument("--port", type=int, default=8000, help="default: 8000")
-    srv.add_argument("--slots", type=int, default=4, metavar="N",
-                     help="generations in progress at once, each with its own KV cache; more wait in line (default: 4)")
-    srv.add_argument("--max-tokens", type=int, default=256, metavar="N",
-                     help="new tokens for a request that gives no max_tokens (default: 256)")
-    srv.add_argument("--batch", action=argparse.BooleanOptionalAction, default=None,
-                     help="continuous batching: the running generations' steps go into one forward (default: on "
-                          "where the backend can, llama.cpp; with exact kernels no answer changes)")
+    option_forms.add_spec_arguments(srv, SERVE)
     ray = srv.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
     ray.add_argument("--ray", action="store_true",
                      help="serve the same app from Ray Serve replicas, requests sharing a prompt prefix routed to "
@@ -57,8 +53,7 @@ def add_parser(sub) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     args.options = generation_options(args)
-    check_positive(args.slots, "--slots")
-    check_positive(args.max_tokens, "--max-tokens")
+    ServeOptions(**option_forms.spec_values(args, SERVE)).validate(spell=option_forms.flag)
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     check_ray(args)
@@ -126,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, **load_options(args))
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
-        model.enable_memory(args.memory)
+        model.loaded.enable_memory(args.memory)
     server = Server(model, draft_model, serve_config(args))
     print(f"calibrating {model.name} on this machine ...", file=sys.stderr)
     server.warm_up()
@@ -136,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
         serve_forever(server, args.host, args.port)
     finally:
         if args.memory:
-            model.memory.save(args.memory)
-            print(f"memory saved to {args.memory} ({len(model.memory)} n-grams)", file=sys.stderr)
+            model.loaded.memory.save(args.memory)
+            print(f"memory saved to {args.memory} ({len(model.loaded.memory)} n-grams)", file=sys.stderr)
     return 0
 
 

@@ -107,10 +107,10 @@ def shared_mass(target: str, draft, texts: list[str]) -> float:
 
     model = load(target)
     other = TextCodec(load_tokenizer(draft.tokenizer_dir), draft.name)
-    bridge = VocabBridge(model.codec, other, model.logit_width,
+    bridge = VocabBridge(model.loaded.codec, other, model.loaded.logit_width,
                          _logit_width(draft.tokenizer_dir, other.tokenizer))
     masses = []
-    with model.pool.lease() as backend:
+    with model.loaded.pool.lease() as backend:
         for text in texts:
             backend.reset()
             logits = backend.extend(model.encode(text))

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 import torch
 
 from specdec import tree as trees
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.grow import best_chain
-from specdec.drafters.draft_tokens import DraftTokens
+from specdec.drafting.grow import best_chain
+from specdec.drafting.draft_tokens import DraftTokens
 from specdec.drafters.recycle import RecycleDrafter, build_recycle
-from specdec.drafters.self_head import DraftHead
+from specdec.drafting.self_head import DraftHead
 from specdec.drafters.self_spec import HEAD_ROWS_OPTION, SELF, SelfDrafter, shared_state
-from specdec.drafters.self_timing import Measured
+from specdec.drafting.self_timing import Measured
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 

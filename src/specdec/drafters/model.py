@@ -9,12 +9,12 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.costs import CostModel
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.draft_model import (LOOKUP_ACCEPTANCE, bridged, draft_backend, draft_costs,
+from specdec.drafting.draft_model import (LOOKUP_ACCEPTANCE, bridged, draft_backend, draft_costs,
                                           model_table)
-from specdec.drafters.draft_tokens import DraftTokens, decile
-from specdec.drafters.grow import MAX_TREE_NODES
+from specdec.drafting.draft_tokens import DraftTokens, decile
+from specdec.drafting.grow import MAX_TREE_NODES
 from specdec.drafters.ngram import NgramDrafter
 from specdec.options import Option
 from specdec.registry import DraftRequest, drafter

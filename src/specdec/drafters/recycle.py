@@ -20,9 +20,9 @@ import torch
 
 from specdec import tree as trees
 from specdec.context import DraftContext, LearnedSlot
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.grow import best_chain, best_first_tree
+from specdec.drafting.grow import best_chain, best_first_tree
 from specdec.drafters.ngram import NGRAM_ACCEPTANCE, NgramDrafter
 from specdec.registry import DraftRequest, drafter
 from specdec.topk import topk_indices

@@ -1,10 +1,10 @@
 """Self-speculation: the target drafts for itself through a small LM head over its own layers.
 
-A forward of Gemma-3-270M is two halves: the 18 layers (~43 ms here in fp32) and the 262k-row LM
-head (~40 ms). Plain decoding pays both for every token. This drafter runs the target's own layers
+A forward of a model with a large vocabulary, such as Gemma-3-270M, is two halves of similar cost:
+its layers and its 262k-row LM head. Plain decoding pays both for every token. This drafter runs the target's own layers
 on the token it is about to propose from (:meth:`specdec.context.LayerAccess.body`, into the
 target's own KV cache) and reads the hidden state through a head of the target's most frequent
-tokens only (:mod:`specdec.drafters.self_head`; 16k rows cost a sixteenth of the full head). Those
+tokens only (:mod:`specdec.drafting.self_head`; 16k rows cost a sixteenth of the full head). Those
 layer passes are exactly the ones plain decoding would make for the accepted tokens, so
 verification of the whole draft is just the full head over the pending hidden states in one
 batched matmul: the saving is the full head for every accepted token but one. Output is
@@ -15,7 +15,7 @@ target's (same hidden state, same rows), so acceptance is the head's coverage of
 
 Each extra draft token costs one more pass through the layers that is wasted if it is rejected,
 so the draft ends where its estimated survival no longer pays for that risk on the measured
-costs (:mod:`specdec.drafters.self_timing`, :meth:`SelfDrafter._worth`).
+costs (:mod:`specdec.drafting.self_timing`, :meth:`SelfDrafter._worth`).
 
 Backends that cannot run the layers without the head (llama.cpp computes the full output head for
 every row it returns and exposes no hidden states) are not :class:`~specdec.context.LayerAccess`
@@ -31,11 +31,11 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.context import DraftContext, LayerAccess, LearnedSlot
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
-from specdec.drafters.draft_tokens import DraftTokens, decile
-from specdec.drafters.self_head import HEAD_ROWS, DraftHead, head_for
-from specdec.drafters.self_timing import Measured, StepClock, head_seconds
+from specdec.drafting.draft_tokens import DraftTokens, decile
+from specdec.drafting.self_head import HEAD_ROWS, DraftHead, head_for
+from specdec.drafting.self_timing import Measured, StepClock, head_seconds
 from specdec.errors import SpecdecError
 from specdec.options import Option, at_least
 from specdec.registry import DraftRequest, drafter

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from specdec.drafters.base import StopDrafting
 from specdec.drafters.base import Drafter
-from specdec.drafters.draft_model import bridged, draft_backend, draft_costs
-from specdec.drafters.draft_tokens import decile
+from specdec.drafting.draft_model import bridged, draft_backend, draft_costs
+from specdec.drafting.draft_tokens import decile
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.registry import DraftRequest, drafter

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 
 from specdec import option_forms
 from specdec.api import Model, Output
+from specdec.loaded import LoadedModel
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
@@ -35,28 +36,30 @@ from specdec.text import StopStrings, TextDeltas
 class Server:
     """A loaded model (and optional draft model) behind the OpenAI API."""
 
-    def __init__(self, model: Model, draft_model: Model | None = None, config: ServeConfig | None = None) -> None:
+    def __init__(self, model: Model, draft_model: Model | LoadedModel | None = None,
+                 config: ServeConfig | None = None) -> None:
         self.model = model
-        self.draft_model = draft_model
+        self.draft_model = draft_model.loaded if isinstance(draft_model, Model) else draft_model
         self.config = config or ServeConfig()
         self.config.defaults.validate()
         self.metrics = ServerMetrics()
         self.scheduler: Scheduler | None = None
         self.started = time.time()
+        loaded, draft = model.loaded, self.draft_model
         if self.config.batch is None:
-            self.config.batch = model.can_batch
-        if self.config.batch and model.batched is None:
-            model.enable_batching(self.config.slots)
+            self.config.batch = loaded.can_batch
+        if self.config.batch and loaded.batched is None:
+            loaded.enable_batching(self.config.slots)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
-        if self.config.batch and draft_model is not None and draft_model.can_batch and draft_model.batched is None:
-            draft_model.enable_batching(self.config.slots)
+        if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
+            draft.enable_batching(self.config.slots)
 
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
         defaults = self.config.defaults
         if defaults.policy == "adaptive":
-            self.model.cost_model()
+            self.model.loaded.cost_model()
         self.model.generate("Hello", options=defaults.with_(max_new_tokens=2), draft_model=self.draft_model)
 
     def names(self) -> list[str]:
@@ -76,7 +79,7 @@ class Server:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """A chat's token ids (the model's chat template); a 400 if the template refuses them."""
         try:
-            return self.model.codec.encode_messages(messages)
+            return self.model.loaded.codec.encode_messages(messages)
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param="messages") from None
 
@@ -134,7 +137,8 @@ class Server:
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
             run = await self._started(prompt, opts)
-            deltas = TextDeltas(self.model.codec, StopStrings(list(opts.stop), self.model.codec))
+            codec = self.model.loaded.codec
+            deltas = TextDeltas(codec, StopStrings(list(opts.stop), codec))
             first = True
             try:
                 opening = answer.opening()

@@ -107,7 +107,7 @@ class ModelReplica:
         draft = specdec.load(spec.draft_model, **spec.load) if spec.draft_model else None
         self.memory_file = None
         if spec.memory:
-            model.enable_memory(memory_start(spec.memory, self.rank))
+            model.loaded.enable_memory(memory_start(spec.memory, self.rank))
             self.memory_file = replica_memory_file(spec.memory, self.rank)
         self.server = Server(model, draft, spec.config)
         self.server.warm_up()
@@ -123,8 +123,8 @@ class ModelReplica:
             self.save_memory()
 
     def save_memory(self) -> None:
-        if self.memory_file and self.server.model.memory is not None:
-            save_atomically(self.server.model.memory, self.memory_file)
+        if self.memory_file and self.server.model.loaded.memory is not None:
+            save_atomically(self.server.model.loaded.memory, self.memory_file)
 
     def replica(self) -> dict:
         return {"replica": self.replica_id, "rank": self.rank, "pid": os.getpid()}

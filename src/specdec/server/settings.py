@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import SpecdecError
+from specdec.load_options import LOAD, SERVE, LoadOptions, ServeOptions, draft_model_for
 from specdec.options import GenerationOptions
 
 # Chosen by each request's body (OpenAI's fields), not by the server.
@@ -29,15 +30,19 @@ DEFAULT_REPLICAS = 2
 Spell = Callable[[str], str]
 
 
+_SERVE = ServeOptions()  # the serve options' defaults (specdec.load_options.SERVE)
+
+
 @dataclass
 class ServeConfig:
-    """The options of requests that do not choose, and the server's limits."""
+    """The options of requests that do not choose, and the server's limits
+    (:data:`specdec.load_options.SERVE`: slots, max_tokens, batch)."""
 
     defaults: GenerationOptions = field(default_factory=GenerationOptions)  # drafting (sampling: OpenAI's)
-    slots: int = 4  # generations in progress at once (each holds a KV cache)
-    max_tokens: int = 256  # when a request gives no max_tokens
+    slots: int = _SERVE.slots  # generations in progress at once (each holds a KV cache)
+    max_tokens: int = _SERVE.max_tokens  # when a request gives no max_tokens
     max_body: int = 1 << 20  # bytes
-    batch: bool | None = None  # step generations in one forward (None: where the backend can)
+    batch: bool | None = _SERVE.batch  # step generations in one forward (None: where the backend can)
 
 
 def as_flag(name: str) -> str:
@@ -90,15 +95,13 @@ class ServeSettings:
     """Everything a server is told: what to load, its :class:`ServeConfig`, its replicas on Ray."""
 
     model: str
-    load: dict[str, Any] = field(default_factory=dict)  # specdec.load's keywords: backend, dtype, exact
+    load: dict[str, Any] = field(default_factory=dict)  # specdec.load's keywords (specdec.load_options.LOAD)
     draft_model: str | None = None
     memory: str | None = None
     config: ServeConfig = field(default_factory=ServeConfig)
     scaling: Scaling = field(default_factory=Scaling)
 
 
-LOAD = ("backend", "dtype", "exact")
-SERVER = ("slots", "max_tokens", "batch")
 SCALING = ("replicas", "min_replicas", "max_replicas", "replica_cpus", "routing")
 
 
@@ -106,13 +109,14 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
     """The settings ``values`` name (``specdec serve``'s flags by name, with their defaults),
     checked before anything loads: one :class:`SpecdecError` for the first mistake."""
     from specdec import options
-    from specdec.models import DEFAULT_MODEL, default_draft_model
-    from specdec.registry import BACKENDS, DRAFTERS
+    from specdec.models import DEFAULT_MODEL
 
     values = {k: v for k, v in dict(values or {}).items() if v is not None}
     drafting = {o.name: o for o in options.generation_options() if o.name not in PER_REQUEST}
     model_scope = {o.name: o for o in options.all_options() if o.scope == "model"}
-    known = {"model", "draft_model", *LOAD, *SERVER, *SCALING, *drafting, *model_scope}
+    load_names = [o.name for o in LOAD]
+    serve_names = [o.name for o in SERVE]
+    known = {"model", "draft_model", *load_names, *serve_names, *SCALING, *drafting, *model_scope}
     for name in values:
         if name in PER_REQUEST:
             raise SpecdecError(f"{name} is chosen by each request, not by the server")
@@ -120,33 +124,18 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
             raise SpecdecError(f"unknown setting {name!r}: use one of {', '.join(sorted(known))}")
 
     model = _typed(values, "model", str, DEFAULT_MODEL)
-    backend = _typed(values, "backend", str, "transformers")
-    if backend not in BACKENDS:
-        raise SpecdecError(f"backend must be one of {', '.join(BACKENDS.names())}, got {backend!r}")
-    dtype = _typed(values, "dtype", str, "float32")
-    if dtype not in BACKENDS.get(backend).dtypes:
-        raise SpecdecError(f"dtype {dtype} is not available on the {backend} backend")
+    load = LoadOptions.of({k: values[k] for k in load_names if k in values}).validate()
     for opt in model_scope.values():
         wrong = opt.problem(values.get(opt.name))
         if wrong:
             raise SpecdecError(wrong)
     defaults = GenerationOptions.of({k: v for k, v in values.items() if k in drafting}).validate()
-
-    draft_model = _typed(values, "draft_model", str, None)
-    entry = DRAFTERS.get(defaults.drafter)
-    if entry.needs_draft_model and draft_model is None:
-        draft_model = default_draft_model(model)
-        if draft_model is None:
-            raise SpecdecError(f"drafter {defaults.drafter} needs draft_model ({model} names no default draft model)")
-    elif draft_model is not None and not entry.needs_draft_model:
-        raise SpecdecError(f"draft_model is only used with a drafter that runs a model "
-                           f"({', '.join(e.name for e in DRAFTERS if e.needs_draft_model)})")
-
-    config = ServeConfig(defaults=defaults, slots=_count(values, "slots", 4), max_tokens=_count(values, "max_tokens", 256),
-                         batch=_typed(values, "batch", bool, None))
+    draft_model = draft_model_for(defaults.drafter, _typed(values, "draft_model", str, None), model)
+    serve = ServeOptions(**{k: values[k] for k in serve_names if k in values}).validate()
+    config = ServeConfig(defaults=defaults, slots=serve.slots, max_tokens=serve.max_tokens, batch=serve.batch)
     scaling = Scaling(**{k: values[k] for k in SCALING if k in values}).check()
-    return ServeSettings(model=model, load={"backend": backend, "dtype": dtype, "exact": _typed(values, "exact", bool, None)},
-                         draft_model=draft_model, memory=values.get("memory"), config=config, scaling=scaling)
+    return ServeSettings(model=model, load=load.to_dict(), draft_model=draft_model, memory=values.get("memory"),
+                         config=config, scaling=scaling)
 
 
 def _is_int(value: Any) -> bool:
@@ -157,11 +146,4 @@ def _typed(values: Mapping[str, Any], name: str, kind: type, default: Any) -> An
     value = values.get(name, default)
     if value is not None and not isinstance(value, kind):
         raise SpecdecError(f"{name} must be {'true or false' if kind is bool else 'a string'}, got {value!r}")
-    return value
-
-
-def _count(values: Mapping[str, Any], name: str, default: int) -> int:
-    value = values.get(name, default)
-    if not _is_int(value) or value < 1:
-        raise SpecdecError(f"{name} must be a whole number >= 1, got {value!r}")
     return value

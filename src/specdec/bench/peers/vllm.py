@@ -12,7 +12,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.bench.base import Method, PeerContext, RunResult, peer
 from specdec.errors import SpecdecError
+from specdec.models import resolve
+from specdec.options import GenerationOptions
 
 VLLM_PYTHON_ENV = "SPECDEC_VLLM_PYTHON"
 DEFAULT_VENV = ".venv-vllm"
@@ -23,7 +26,7 @@ def vllm_python() -> str:
     folder or the checkout's; a clear error when neither exists."""
     chosen = os.environ.get(VLLM_PYTHON_ENV)
     candidates = [Path(chosen)] if chosen else [Path.cwd() / DEFAULT_VENV / "bin" / "python",
-                                                Path(__file__).resolve().parents[3] / DEFAULT_VENV / "bin" / "python"]
+                                                Path(__file__).resolve().parents[4] / DEFAULT_VENV / "bin" / "python"]
     for path in candidates:
         if path.exists():
             return str(path)
@@ -35,7 +38,7 @@ class VllmWorker:
     """One vLLM worker process, model loaded once; ``generate`` is one request/answer round."""
 
     def __init__(self, model_dir: Path, ngram: int = 0) -> None:
-        script = Path(__file__).with_name("vllm_worker.py")
+        script = Path(__file__).resolve().parent.parent / "vllm_worker.py"
         cmd = [vllm_python(), str(script), "--model", str(model_dir)] + (["--ngram", str(ngram)] if ngram else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, bufsize=1)
@@ -70,7 +73,8 @@ class VllmSettings:
     ngram: int = 0
 
 
-def parse(spec: str, head: str, args: list[str], pairs: dict[str, str]) -> VllmSettings:
+def parse(spec: str, args: list[str], pairs: dict[str, str], target: str | None = None) -> VllmSettings:
+    head = spec.split(":", 1)[0]
     if head == "vllm-plain" and not args and not pairs:
         return VllmSettings()
     if head == "vllm-ngram" and not args and set(pairs) <= {"k"}:
@@ -84,3 +88,28 @@ def parse(spec: str, head: str, args: list[str], pairs: dict[str, str]) -> VllmS
     raise SpecdecError(f"method {spec!r}: write vllm-plain or vllm-ngram[:k=K]")
 
 
+@dataclass
+class VllmMethod(Method):
+    """vLLM on CPU (fp32) in a worker process of its own environment."""
+
+    name: str
+    worker: object  # VllmWorker
+    options: GenerationOptions
+    family: str = "vllm"
+
+    def run(self, prompt_ids, max_new_tokens, seed):
+        s = self.options
+        answer = self.worker.generate({"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens,
+                                       "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                                       "seed": seed})
+        return RunResult(answer["token_ids"], answer["wall_s"])
+
+
+def _build(context: PeerContext, spec: str, settings: VllmSettings) -> Method:
+    worker = context.once(("vllm", settings.ngram),
+                          lambda: VllmWorker(resolve(context.model_name).hf_dir, settings.ngram))
+    return VllmMethod(spec, worker, context.options)
+
+
+peer("vllm-plain", "vllm-plain", "vllm", parse=parse, available=vllm_python, baseline=True, order=30)(_build)
+peer("vllm-ngram", "vllm-ngram[:k=K]", "vllm", parse=parse, available=vllm_python, order=31)(_build)

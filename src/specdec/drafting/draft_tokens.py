@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.types import Draft
 
 

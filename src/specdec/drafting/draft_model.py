@@ -9,7 +9,7 @@ from collections.abc import Callable
 from specdec.backends.base import Backend
 from specdec.context import LearnedSlot
 from specdec.costs import CostModel
-from specdec.drafters.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import ngram_bucket, ngram_prior
 from specdec.errors import SpecdecError
@@ -47,11 +47,11 @@ def draft_costs(request: DraftRequest) -> Callable[[], CostModel]:
 
 def bridged(request: DraftRequest, inner: Drafter) -> Drafter:
     """``inner`` itself when draft and target share a vocabulary; otherwise wrapped to propose
-    target tokens through a vocabulary bridge (:mod:`specdec.drafters.cross`)."""
+    target tokens through a vocabulary bridge (:mod:`specdec.drafting.cross`)."""
     target, draft = request.target, request.draft
     if target.codec.same_vocabulary(draft.codec):
         return inner
-    from specdec.drafters.cross import CrossVocabDrafter
+    from specdec.drafting.cross import CrossVocabDrafter
 
     try:
         bridge = target.state(VOCAB_BRIDGE.named(draft.name), lambda: VocabBridge(

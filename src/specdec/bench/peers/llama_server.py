@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.bench.base import Method, RunResult
+from specdec.bench.base import Method, PeerContext, RunResult, peer
 from specdec.errors import SpecdecError
 from specdec.models import ALIASES, default_draft_model, resolve
 from specdec.options import GenerationOptions
@@ -61,7 +61,7 @@ def binary(name: str = "llama-server") -> Path:
     """A llama.cpp binary of ``make llama-peers``: in $SPECDEC_LLAMA_CPP_BIN, else the build folder
     under the current folder or the checkout; a clear error when it was not built."""
     chosen = os.environ.get(BIN_ENV)
-    checkout = Path(__file__).resolve().parents[3]
+    checkout = Path(__file__).resolve().parents[4]
     folders = [Path(chosen)] if chosen else [Path.cwd() / BIN_DIR, checkout / BIN_DIR]
     for folder in folders:
         path = folder / name
@@ -97,11 +97,11 @@ class ServerSettings:
         return out
 
 
-def parse(spec: str, head: str, args: list[str], pairs: dict[str, str],
-          target: str | None = None) -> ServerSettings:
+def parse(spec: str, args: list[str], pairs: dict[str, str], target: str | None = None) -> ServerSettings:
     """The settings of a ``llama-server-*`` method string for the model ``target`` (its default
     draft model stands in for a missing ALIAS; None: not known yet). Mistakes read
     ``method 'SPEC': ...``, checked before any model is loaded."""
+    head = spec.split(":", 1)[0]
     kind = head[len(PREFIX):]
     if head not in HEADS:
         raise SpecdecError(f"method {spec!r}: unknown llama-server speculation {kind!r}: use "
@@ -347,3 +347,17 @@ class LlamaServerMethod(Method):
         return RunResult(answer.token_ids, wall, peer_forwards=answer.target_forwards, gen_s=answer.gen_s,
                          gen_tokens=answer.gen_tokens, peer_drafted=answer.drafted,
                          peer_accepted=answer.accepted)
+
+
+def _build(context: PeerContext, spec: str, settings: ServerSettings) -> Method:
+    server = context.once(("llama-server", settings), lambda: server_for(context.model_name, settings))
+    return LlamaServerMethod(spec, server, context.options)
+
+
+def _available() -> None:
+    binary()
+
+
+for _order, (_head, _form) in enumerate(zip(HEADS, FORMS)):
+    peer(_head, _form, "llama-server", parse=parse, available=_available, baseline=_head == PREFIX + "plain",
+         order=40 + _order)(_build)

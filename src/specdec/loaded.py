@@ -1,0 +1,221 @@
+"""What a load made: a model's weights behind its backend, its text, its cost curve and what grows
+with use (:class:`LoadedModel`), the side of a model that :class:`specdec.api.Model`, the
+generation front, runs on.
+
+:func:`load_model` resolves an alias, ``.gguf`` file or transformers folder, reads its tokenizer
+and end-of-sequence ids, asks the chosen backend's registry entry to load the weights
+(:class:`specdec.registry.BackendEntry`: what it can do is declared there) and wraps what it
+returned. The server, the bench and the commands that need more than ``generate`` (batching, the
+memory, learned state, a sequence's backend) use the loaded model directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from specdec.backends.base import Backend, BatchedSequences
+from specdec.context import DraftContext, Learned
+from specdec.costs import CostModel, calibrated
+from specdec.cpu import machine_tag
+from specdec.drafting.memory import NgramMemory
+from specdec.errors import SpecdecError
+from specdec.load_options import LoadOptions
+from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve
+from specdec.pool import BackendPool
+from specdec.registry import BACKENDS, BackendEntry, LoadRequest
+from specdec.text import TextCodec
+
+CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and "
+                    "the target model verifies them in one forward pass. ")
+
+
+def load_model(name: str, options: LoadOptions | Mapping[str, Any] | None = None,
+               report: Reporter | None = None) -> LoadedModel:
+    """Load ``name`` (alias, ``.gguf`` path or transformers folder) with ``options``
+    (:class:`~specdec.load_options.LoadOptions` or its fields by name; validated here)."""
+    chosen = options if isinstance(options, LoadOptions) else LoadOptions.of(options)
+    chosen = chosen.validate()
+    entry = BACKENDS.get(chosen.backend)
+    resolved = resolve(name, report, need_hf=needs_weights_folder(chosen.backend))
+    tokenizer, eos = _load_tokenizer(resolved)
+    weights = entry.load(LoadRequest(resolved, chosen, report, tune_kernels=True))
+    loaded = LoadedModel(resolved.name, tokenizer, weights.make_backend, eos=eos, entry=entry, options=chosen,
+                         cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact,
+                         batched=weights.batched, forget_prompts=weights.forget_prompts)
+    if resolved.draft is not None:
+        loaded.set_default_draft_model(resolved.draft, chosen, report)
+    return loaded
+
+
+def _load_tokenizer(resolved) -> tuple[Any, frozenset[int]]:
+    from transformers import GenerationConfig
+
+    from specdec.models import load_tokenizer
+
+    folder = resolved.tokenizer_dir  # the transformers folder, or the one read from a GGUF
+    try:
+        with no_progress_bars():
+            tokenizer = load_tokenizer(folder)
+            try:
+                gen_config = GenerationConfig.from_pretrained(folder)
+            except OSError:
+                gen_config = None
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"could not load the tokenizer of {resolved.name} from {folder}: {exc}") from exc
+    eos = eos_ids(gen_config, tokenizer)
+    if resolved.gguf is not None and folder == resolved.hf_dir:
+        # A converted GGUF's config names one EOS id; the GGUF's end-of-turn and end-of-text tokens
+        # (Qwen's <|endoftext|> beside <|im_end|>) end generation too, as they do on llama.cpp.
+        eos |= frozenset(gguf_end_ids(resolved.gguf, tokenizer))
+    return tokenizer, eos
+
+
+def eos_ids(*sources) -> frozenset[int]:
+    """End-of-sequence ids from a generation config and a tokenizer (either may list several)."""
+    ids: set[int] = set()
+    for source in sources:
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    return frozenset(ids)
+
+
+class LoadedModel:
+    """A loaded model: per-sequence backends over its weights (pooled, or stepped together once
+    :meth:`enable_batching` ran), its text codec and end ids, its cost curve (measured once per
+    machine), its default draft model, the memory of earlier outputs and what drafters learned."""
+
+    def __init__(self, name: str, tokenizer, make_backend: Callable[[], Backend], *,
+                 eos: frozenset[int] = frozenset(), entry: BackendEntry | None = None,
+                 options: LoadOptions | None = None, cost_key: str = "", hf_model=None, exact: bool = False,
+                 batched: Callable[[int], BatchedSequences] | None = None,
+                 forget_prompts: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.options = options or LoadOptions()
+        self.entry = entry  # what the backend can do (None: a backend made outside the registry)
+        self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
+        self.codec = TextCodec(tokenizer, name)
+        self.pool = BackendPool(make_backend)
+        self.eos_token_ids = eos
+        self.cost_key = cost_key
+        self.hf_model = hf_model
+        self.kernel_tuning = None  # set by specdec.Model.from_hf(tune_kernels=True): .undo() restores
+        self.memory: NgramMemory | None = None  # earlier outputs for the n-gram drafters (enable_memory)
+        self.batched: BatchedSequences | None = None  # once enable_batching ran
+        self.learned = Learned()  # what drafters learned on this model, by slot (a bench swaps it per method)
+        self._batched_factory = batched
+        self._forget_prompts = forget_prompts
+        self._costs: CostModel | None = None
+        self._costs_lock = threading.Lock()  # the server's threads: one calibration, not one each
+        self._logit_width: int | None = None
+        self._default_draft: tuple[str, LoadOptions, Reporter | None] | None = None
+        self._default_draft_model: LoadedModel | None = None
+        self._default_draft_lock = threading.Lock()
+
+    @property
+    def backend_name(self) -> str:
+        return self.options.backend
+
+    @property
+    def tokenizer(self):
+        return self.codec.tokenizer
+
+    # -- sequences --------------------------------------------------------------------------------
+    def backend(self) -> Backend:
+        """A fresh backend (its own KV cache) on this model's weights."""
+        return self.pool.make()
+
+    @property
+    def logit_width(self) -> int:
+        """The number of logits per position (may exceed the tokenizer's vocabulary)."""
+        if self._logit_width is None:
+            with self.pool.lease() as backend:
+                self._logit_width = backend.vocab_size
+        return self._logit_width
+
+    @property
+    def can_batch(self) -> bool:
+        """Whether this model's backend can step several generations in one forward."""
+        return self._batched_factory is not None
+
+    def enable_batching(self, slots: int) -> None:
+        """Run up to ``slots`` concurrent generations' forwards as one batch (continuous batching:
+        a generation joins and leaves between steps). Each generation's draft length is then
+        planned on the marginal cost of its rows in the batch. With exact kernels batching does
+        not change any generation's tokens."""
+        if self._batched_factory is None:
+            raise SpecdecError(f"the {self.backend_name} backend cannot batch several sequences in one forward "
+                               f"(use --backend llamacpp, or serve without batching)")
+        shared = self._batched_factory(slots)
+        shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
+        self.batched = shared
+        # The lowest free sequence first: llama.cpp puts only consecutive sequence ids in one slice
+        # of a batch, so running sequences 0, 2, 4 cost three forwards where 0, 1, 2 cost one.
+        self.pool = BackendPool(shared.backend, max_idle=slots, order=lambda backend: backend.slot)
+
+    def forget_prompts(self) -> None:
+        """Drop the caches of earlier prompts kept for reuse (llama.cpp with exact kernels), so that
+        the next generation computes its whole prompt, as a first request would."""
+        if self._forget_prompts is not None:
+            self._forget_prompts()
+
+    # -- what drafters use --------------------------------------------------------------------------
+    def enable_memory(self, path: str | None = None, capacity: int = 200_000) -> NgramMemory:
+        """Let the n-gram drafters draft from this model's earlier outputs too (bounded to
+        ``capacity`` n-grams); with ``path``, start from a saved memory (save it with
+        ``model.memory.save(path)``)."""
+        self.memory = NgramMemory.load(path, capacity) if path else NgramMemory(capacity=capacity)
+        return self.memory
+
+    def draft_context(self) -> DraftContext:
+        """What a drafter may use of this model (see :class:`specdec.context.DraftContext`)."""
+        if self.entry is not None:
+            layer_access = self.entry.layer_access
+        else:  # a model wrapped by hand: ask a sequence
+            from specdec.context import LayerAccess
+
+            with self.pool.lease() as backend:
+                layer_access = isinstance(backend, LayerAccess)
+
+        def logit_width() -> int:
+            return self.logit_width
+
+        return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self.learned,
+                            logit_width, self.memory, self.backend_name, layer_access)
+
+    def cost_model(self) -> CostModel:
+        """This model's forward cost by number of new tokens (measured once per machine, cached)."""
+        if self._costs is None:
+            with self._costs_lock:
+                if self._costs is None:
+                    key = f"{self.name}-{self.backend_name}-{self.cost_key}-{machine_tag()}"
+                    context = (self.codec.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
+                    with self.pool.lease() as backend:
+                        self._costs = calibrated(key, backend, context)
+        return self._costs
+
+    # -- the default draft model ------------------------------------------------------------------
+    def set_default_draft_model(self, name: str | None, options: LoadOptions | None = None,
+                                report: Reporter | None = None) -> None:
+        """Name the model that drafts for this one when a drafter needs a draft model and none is
+        given (loaded with ``options``, by default this model's, on first use); ``None`` removes
+        the default. :func:`load_model` sets it from the alias."""
+        with self._default_draft_lock:
+            self._default_draft = (name, options or self.options, report) if name is not None else None
+            self._default_draft_model = None
+
+    @property
+    def default_draft_name(self) -> str | None:
+        """The name of this model's default draft model (None when it has none)."""
+        return self._default_draft[0] if self._default_draft is not None else None
+
+    def default_draft_model(self) -> LoadedModel | None:
+        """This model's default draft model, loaded once (on first use, with the same load options)
+        and kept; None when the model names none."""
+        with self._default_draft_lock:  # concurrent first generations load it once
+            if self._default_draft is not None and self._default_draft_model is None:
+                name, options, report = self._default_draft
+                self._default_draft_model = load_model(name, options, report)
+            return self._default_draft_model
