@@ -33,9 +33,35 @@ def test_unsure_drafts_are_not_verified_when_verification_is_expensive():
     assert AdaptiveK(STEEP).choose(draft([0.5, 0.5, 0.5])) == 0
 
 
+def grown(policy: AdaptiveK) -> AdaptiveK:
+    """``policy`` after a draft of 4 tokens accepted whole (its window is then 8 tokens)."""
+    policy.observe(4, 4, 0.0)
+    return policy
+
+
 def test_sure_drafts_are_verified_whole():
-    assert AdaptiveK(STEEP).choose(draft([0.99] * 7)) == 7
-    assert AdaptiveK(FLAT).choose(draft([0.9] * 7)) == 7
+    assert grown(AdaptiveK(STEEP)).choose(draft([0.99] * 7)) == 7
+    assert grown(AdaptiveK(FLAT)).choose(draft([0.9] * 7)) == 7
+
+
+def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
+    """A generation's first drafts are at most START_WINDOW tokens; each draft accepted whole
+    doubles the window up to K, a rejection brings it back to what was accepted plus one."""
+    from specdec.policies.adaptive import START_WINDOW
+
+    policy = AdaptiveK(FLAT, k=32)
+    policy.begin(_Target())
+    sure = draft([0.99] * 32)
+    assert policy.max_k() == policy.choose(sure) == START_WINDOW
+    for expected in (8, 16, 32, 32):
+        policy.observe(policy.choose(sure), policy.choose(sure), 0.0)
+        assert policy.choose(sure) == expected
+    policy.observe(32, 9, 0.0)  # rejected at the tenth token
+    assert policy.choose(sure) == 10
+    policy.observe(10, 0, 0.0)
+    assert policy.choose(sure) == START_WINDOW
+    policy.begin(_Target())
+    assert policy.choose(sure) == START_WINDOW
 
 
 def test_the_best_prefix_stops_before_a_weak_token():
@@ -49,6 +75,34 @@ def test_drafts_without_confidence_use_the_running_acceptance():
         policy.observe(3, 0, 0.0)  # everything rejected
     assert policy.acceptance < 0.05
     assert policy.choose(Draft([1, 2, 3])) == 0
+
+
+class _Target:
+    def forward_costs(self, curve):
+        return curve
+
+
+def test_a_generation_whose_drafts_fail_trusts_its_drafters_confidence_less():
+    """Per generation, in odds: drafts judged at 0.75 confidence that mostly fail make the next
+    0.75-confidence draft not worth verifying, while a near-certain copy still is; a new
+    generation starts at face value, and declined drafts slowly return trust."""
+    policy = AdaptiveK(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 8: 3.0}))
+    policy.begin(_Target())
+    unsure, sure = draft([0.75]), draft([0.995, 0.995])
+    assert policy.choose(unsure) == 1 and policy.calibration() == 1.0
+    failures = 0
+    while policy.choose(draft([0.75])) == 1:
+        policy.observe(1, 0, 0.0)  # rejected
+        failures += 1
+        assert failures < 5, "kept verifying unsure drafts that all failed"
+    assert failures >= 1 and policy.calibration() < 0.5
+    assert policy.choose(sure) == 2
+    before = policy.calibration()
+    for _ in range(40):
+        policy.choose(unsure)  # declined: trust returns a little each time
+    assert before < policy.calibration() < 1.0
+    policy.begin(_Target())
+    assert policy.calibration() == 1.0 and policy.choose(unsure) == 1
 
 
 def test_k_must_be_positive():
@@ -226,7 +280,7 @@ def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
     assert 2 <= planned < policy.k
     free = AdaptiveK(CPU, prior_acceptance=0.9)
     free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
-    assert free.max_k() == free.k  # free tokens: draft up to K, verify what pays
+    assert free.max_k() == free.window  # free tokens: draft up to the window (K once grown), verify what pays
     # Acceptance fell: shorter drafts; then none, with a one-token try now and then.
     for _ in range(40):
         policy.observe(planned, 0, 0.0)

@@ -126,8 +126,10 @@ class PromptCache:
     outside its window, which a shorter prompt still needs.
     """
 
-    def __init__(self, entries: int = 8, min_tokens: int = 16, align: int = 1) -> None:
-        self.entries, self.min_tokens, self.align = entries, min_tokens, align
+    def __init__(self, entries: int = 32, min_tokens: int = 16, align: int = 1, max_bytes: int = 1 << 30) -> None:
+        """At most ``entries`` prompts and ``max_bytes`` of their caches (the oldest go first): 32
+        prompts of a server's clients, about 45k prompt tokens of Qwen2.5-Coder-1.5B in 1 GiB."""
+        self.entries, self.min_tokens, self.align, self.max_bytes = entries, min_tokens, align, max_bytes
         self._saved: list[tuple[Layout, tuple[int, ...], object, int]] = []  # most recent last
         self._lock = threading.Lock()
         self.hits = 0  # prompts filled from the cache, and the tokens that saved
@@ -158,6 +160,8 @@ class PromptCache:
         with self._lock:
             self._saved.append((layout, key, state, written))
             del self._saved[:-self.entries]
+            while len(self._saved) > 1 and sum(entry[3] for entry in self._saved) > self.max_bytes:
+                del self._saved[0]
 
     def clear(self) -> None:
         """Forget every saved prompt."""

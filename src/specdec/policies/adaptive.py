@@ -24,10 +24,24 @@ EXPLORE_EVERY = 16  # steps between single-token tries when drafting is believed
 EXPLORE_GAIN = 1.1  # ... if it would pay at least this much were every token accepted
 PRICED_PRIOR = 0.8  # acceptance assumed for a draft model's tokens until its drafts are judged
 # A draft must promise at least this much over a plain step: its acceptance estimates and the
-# curve are estimates, and a predicted gain of a percent or two is as likely a loss (on
-# Qwen2.5-Coder-1.5B a 1-token draft at 77% acceptance against 2 rows costing 1.72 one row:
-# predicted +3%, measured -5% over 70 drafts).
+# curve are estimates, and a predicted gain of a percent or two is as likely a loss.
 MIN_GAIN = 0.03
+# A generation's own record of its drafts' acceptance, against what their confidence predicted,
+# corrects the confidence of its later drafts (in odds, so that a near-certain copy stays likely
+# where unsure guesses fail): a drafter's estimates are learned over every generation (code, prose,
+# copies of the prompt), and one generation's text can be far from the average (prose, where
+# drafts believed likely mostly fail). It starts from CALIBRATION_PRIOR judged tokens at face
+# value; each declined draft adds CALIBRATION_RECOVERY of one, so a generation that stopped
+# drafting tries again later (its text may turn to copying).
+CALIBRATION_PRIOR = 3.0
+CALIBRATION_RECOVERY = 0.05
+CALIBRATION_RANGE = (0.1, 4.0)  # the odds factor's bounds
+# A generation's drafts start at most START_WINDOW tokens long; a draft accepted whole doubles the
+# window (up to K; also when the curve chose to verify less than the window), a rejection brings
+# it back to what was accepted plus one (at least START_WINDOW). Where long copies pay (edits,
+# summaries) the window is at K after a few steps; where a confident draft is wrong from its first
+# token (a paraphrase of the prompt), it costs a short draft's rows, not K's.
+START_WINDOW = 4
 
 
 class AdaptiveK(DraftPolicy):
@@ -64,11 +78,26 @@ class AdaptiveK(DraftPolicy):
         self.priced_acceptance = PRICED_PRIOR
         self._step_cost = 0.0  # seconds a token of this step's draft costs (the drafter's price)
         self._declined = 0  # steps drafting was believed not to pay
+        self._calibration = _fresh_calibration()  # this generation's judged tokens: accepted, predicted, count
+        self._verified: list[float] = []  # the confidence of the tokens the last choice verified
+        self.window = min(k, START_WINDOW)  # the longest draft this generation verifies now
 
     def begin(self, target, drafter=None) -> None:
         self.costs = target.forward_costs(self.curve)
         self.drafter = drafter
         self._declined = 0
+        self._calibration = _fresh_calibration()
+        self._verified = []
+        self.window = min(self.k, START_WINDOW)
+
+    def calibration(self) -> float:
+        """The odds factor of this generation's drafts: the odds of their observed acceptance over
+        the odds their confidence predicted (with :data:`CALIBRATION_PRIOR` tokens at face value),
+        within :data:`CALIBRATION_RANGE`."""
+        accepted, predicted, judged = self._calibration
+        observed, believed = accepted / judged, predicted / judged
+        low, high = CALIBRATION_RANGE
+        return min(high, max(low, _odds(observed) / _odds(believed)))
 
     def _token_cost(self) -> float:
         """Seconds to draft one token in this step, as the drafter priced it (0: free)."""
@@ -80,8 +109,9 @@ class AdaptiveK(DraftPolicy):
         token were accepted (then the draft model is never run: not even its prompt)."""
         d = self._step_cost = self.drafter.token_cost(tokens) if self.drafter is not None else 0.0
         if d <= 0:
-            return self.k
+            return self.window
         best, _ = self._plan(d, self.priced_acceptance)
+        best = min(best, self.window)
         if best == 0 and self._plan(d, 1.0)[1] >= EXPLORE_GAIN:
             # Drafting would pay well at a higher acceptance than believed: try one token now and
             # then, or the estimate would never be corrected. (A first try fills the draft model's
@@ -108,17 +138,29 @@ class AdaptiveK(DraftPolicy):
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """The number of leading draft nodes to verify (a tree's nodes come best first): none
-        unless some prefix promises :data:`MIN_GAIN` over a plain step."""
-        confidence = draft.confidence or [self.acceptance] * len(draft)
+        unless some prefix promises :data:`MIN_GAIN` over a plain step. A drafter's confidence is
+        scaled by this generation's :meth:`calibration`."""
+        if draft.confidence:
+            factor = self.calibration()
+            confidence = [_scale(c, factor) for c in draft.confidence]
+        else:
+            confidence = [self.acceptance] * len(draft)
         parents = draft.parents if draft.parents is not None else chain(len(draft))
         cost = self._cost(draft)
         best_i, best_rate = 0, (1 + MIN_GAIN) / cost(0)
         expected = 1.0
-        for i, survive in enumerate(path_probabilities(parents, confidence), start=1):
+        for i, survive in enumerate(path_probabilities(parents, confidence)[:self.window], start=1):
             expected += survive
             rate = expected / cost(i)
             if rate > best_rate:
                 best_i, best_rate = i, rate
+        # What the verified tokens were believed to be worth (a chain's; a tree's path is judged node by node)
+        self._verified = list(draft.confidence[:best_i]) if draft.confidence and draft.parents is None else []
+        if best_i == 0 and len(draft):
+            accepted, predicted, judged = self._calibration
+            believed = predicted / judged
+            self._calibration = [accepted + CALIBRATION_RECOVERY * believed, predicted + CALIBRATION_RECOVERY * believed,
+                                 judged + CALIBRATION_RECOVERY]
         return best_i
 
     def _cost(self, draft: Draft) -> Callable[[int], float]:
@@ -159,8 +201,35 @@ class AdaptiveK(DraftPolicy):
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
             self.acceptance += 0.1 * (accepted / judged - self.acceptance)
+            if accepted == drafted:  # (a draft shorter than the window, by the curve's choice, counts too)
+                self.window = min(self.k, 2 * self.window)
+            else:
+                self.window = min(self.k, max(START_WINDOW, accepted + 1))
+            if self._verified:
+                self._calibration[0] += accepted
+                self._calibration[1] += sum(self._verified[:judged])
+                self._calibration[2] += judged
+                self._verified = []
             if self._step_cost > 0:
                 self.priced_acceptance += 0.1 * (accepted / judged - self.priced_acceptance)
+
+
+def _fresh_calibration() -> list[float]:
+    typical = 0.7  # a draft token's usual confidence: the prior's odds factor is 1 whatever it is
+    return [CALIBRATION_PRIOR * typical, CALIBRATION_PRIOR * typical, CALIBRATION_PRIOR]
+
+
+def _odds(p: float) -> float:
+    p = min(max(p, 1e-3), 1 - 1e-3)
+    return p / (1 - p)
+
+
+def _scale(p: float, factor: float) -> float:
+    """``p`` with its odds multiplied by ``factor``."""
+    if factor == 1.0:
+        return p
+    odds = _odds(p) * factor
+    return odds / (1 + odds)
 
 
 @policy("adaptive", "verify only the draft prefix that pays on this machine's measured cost curve, "
