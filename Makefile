@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test browser peers vllm llama-peers
+.PHONY: setup demo test docs browser peers vllm llama-peers
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -27,6 +27,10 @@ LLAMA_SDIST      := .build/sdist/llama_cpp_python-$(LLAMA_VERSION).tar.gz
 LLAMA_SRC        := .build/llama-cpp-python
 LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+# The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
+# the local CPU wheel; an unpinned torch would resolve to a CUDA build.
+TORCH_VERSION        := 2.13.0
+TRANSFORMERS_VERSION := 5.23.0
 
 $(LLAMA_SDIST):
 	mkdir -p $(dir $@)
@@ -39,15 +43,15 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 	for p in $(LLAMA_PATCHES); do patch -p1 -s -d $(LLAMA_SRC)/vendor/llama.cpp < $$p || exit 1; done
 	touch $@
 
-# torch is pinned to the local CPU wheel first: an unpinned resolution would pull a CUDA build.
+# torch (the local CPU wheel) and transformers are pinned first: an unpinned resolution would pull a CUDA build.
 # llama-cpp-python is built from the patched source (--no-cache-dir: never a cached stock wheel);
 # the [llamacpp] extra then finds its version installed.
 $(VENV)/.installed: pyproject.toml $(LLAMA_SRC)/.patched
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q --disable-pip-version-check \
 	  --no-cache-dir --force-reinstall --no-deps ./$(LLAMA_SRC)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp,ray]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp,ray,docs]'
 	touch $@
 
 demo: setup
@@ -61,6 +65,10 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest
+
+# The documentation site into site/ (MkDocs; mkdocs.yml): strict, so a broken link or reference fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The servers users run instead, for the load test (not needed by the tests): llama-cpp-python's own
 # OpenAI server (its optional dependencies) and vLLM on CPU in a virtual environment of its own (it

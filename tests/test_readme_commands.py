@@ -1,4 +1,5 @@
-"""Every ``specdec bench`` command the README shows runs from a fresh clone as written: it parses,
+"""Every ``specdec bench`` command the README and the documentation show runs from a fresh clone
+as written: it parses,
 its prompt set ships with specdec (no ``../shared`` path), it selects questions, and its methods
 pass the checks made before any model loads. A peer that needs an optional build (``make
 llama-peers``, ``make vllm``) may be refused, with the message that names the make target."""
@@ -17,14 +18,17 @@ from specdec.bench.questions import load_questions
 from specdec.cli import build_parser
 from specdec.errors import SpecdecError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 OPTIONAL_BUILDS = ("make llama-peers", "make vllm")
 
 
 def readme_commands(program: str) -> list[str]:
-    """The README's ``program ...`` lines inside ```bash blocks, continuation lines joined."""
+    """The README's and the docs' ``program ...`` lines inside ```bash blocks, continuation lines
+    joined."""
     commands: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S):
+    blocks = [b for page in PAGES for b in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)]
+    for block in blocks:
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             line = line.split(" #")[0].strip()
