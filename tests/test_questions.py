@@ -22,7 +22,7 @@ def problems() -> list[dict]:
 
 
 def test_the_shipped_sets_load_by_name_with_their_licences():
-    assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit"]
+    assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit", "humaneval-repair", "spec-bench-2turn"]
     prompts = resources.files("specdec.data").joinpath("prompts")
     assert "Apache License" in prompts.joinpath("spec_bench.LICENSE").read_text()
     assert "MIT License" in prompts.joinpath("humaneval.LICENSE").read_text()
@@ -105,7 +105,7 @@ def test_categories_and_limit_select_the_first_questions_of_each_in_file_order()
 
 
 @pytest.mark.parametrize("source, message", [
-    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit or a path"),
+    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn or a path"),
     ("missing/q.jsonl", "questions file not found: missing/q.jsonl"),
     ("q.jsonl", "questions file not found: q.jsonl"),
 ])
@@ -148,7 +148,7 @@ def test_no_question_in_the_categories_names_the_ones_there():
 
 @pytest.mark.parametrize("argv, message", [
     (["--questions", "humaneval-edits"], "error: unknown prompt set 'humaneval-edits'"),
-    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit or FILE.jsonl)"),
+    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn or FILE.jsonl)"),
 ])
 def test_bench_refuses_a_bad_set_in_one_line_before_loading(capsys, tmp_path, tiny_model_dir, no_loading, argv,
                                                              message):

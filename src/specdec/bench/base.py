@@ -34,6 +34,9 @@ class RunResult:
     out, except its last token, whose forward yields the first new token; a draft model's own
     prompt is inside). llama.cpp's (``llama-server-*``, ``llamacpp-*``): from the first new token
     to the last and the tokens after the first, its ``predicted_per_second``.
+
+    A question of several turns (:mod:`specdec.bench.conversations`) is one result: its turns'
+    tokens one after the other, their times and counters summed (:func:`joined`).
     """
 
     token_ids: list[int]
@@ -44,10 +47,32 @@ class RunResult:
     gen_tokens: int | None = None
     peer_drafted: int | None = None
     peer_accepted: int | None = None
+    outcome: dict | None = None  # what a conversation achieved (a repair loop: passed, turns)
+    turns: int = 1
+    first_turn: int | None = None  # a conversation's: how many of token_ids its first answer holds
 
     @property
     def target_forwards(self) -> int | None:
         return self.stats.target_forwards if self.stats is not None else self.peer_forwards
+
+
+def joined(parts: list[RunResult], outcome: dict | None = None) -> RunResult:
+    """The turns of one conversation as one result: tokens in turn order, times and counters
+    summed (a counter that one turn lacks is unknown for the whole)."""
+    def total(name: str):
+        values = [getattr(p, name) for p in parts]
+        return None if any(v is None for v in values) else sum(values)
+
+    stats = None
+    if all(p.stats is not None for p in parts):
+        stats = GenerationStats.total(p.stats for p in parts)
+    gen_tokens = None
+    if all(p.gen_s is not None for p in parts):
+        gen_tokens = sum(len(p.token_ids) if p.gen_tokens is None else p.gen_tokens for p in parts)
+    return RunResult([t for p in parts for t in p.token_ids], sum(p.wall_s for p in parts), stats=stats,
+                     peer_forwards=total("peer_forwards"), gen_s=total("gen_s"), gen_tokens=gen_tokens,
+                     peer_drafted=total("peer_drafted"), peer_accepted=total("peer_accepted"),
+                     outcome=outcome, turns=len(parts), first_turn=len(parts[0].token_ids))
 
 
 class Method(ABC):

@@ -13,6 +13,14 @@ The shipped sets (``src/specdec/data/prompts``, with their licences beside them)
 - ``humaneval-edit``: the same 82 functions as editing requests (category ``editing``), the way
   editors use models: the whole function goes in, and it comes back with one change, so that most
   of the answer copies the prompt (see :func:`edit_question`).
+- ``humaneval-repair``: the same problems as an agent's repair loop (category ``repair``): the
+  model writes the function, its tests run, the failure goes back and the model revises, up to 3
+  answers (:class:`specdec.bench.conversations.RepairLoop`).
+- ``spec-bench-2turn``: Spec-Bench's 40 two-turn conversations (MT-Bench's 8 categories), the
+  second question asked with the first answer in the context.
+
+``NAME:PATH`` builds the set ``NAME`` from another file of the same format
+(``humaneval-edit:problems.jsonl``), so results can be checked on problems nobody tuned on.
 """
 
 from __future__ import annotations
@@ -20,21 +28,23 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from specdec.bench.conversations import Conversation, RepairLoop, ScriptedTurns
 from specdec.errors import SpecdecError
 
 
 @dataclass(frozen=True)
 class Question:
     """One prompt of a set: its id, its category and the text sent (through the model's chat
-    template when it has one)."""
+    template when it has one); a question of several turns has its :class:`Conversation`."""
 
     question_id: int | str
     category: str
     prompt: str
+    conversation: Conversation | None = field(default=None, compare=False)
 
 
 COMPLETE = "Complete the following Python function:\n```python\n{code}```"
@@ -50,7 +60,10 @@ def load_questions(source: str | Path, categories: list[str] | None = None, limi
     """Questions of a shipped set (by name) or a ``.jsonl`` file in either format, optionally
     filtered by category, first ``limit`` of each."""
     name = str(source)
-    if name in SETS:
+    head, sep, path = name.partition(":")
+    if sep and head in SETS:  # NAME:PATH, the set built from another file of its format
+        questions = _build(SETS[head][1], _rows(_read(path), path), name)
+    elif name in SETS:
         file, build = SETS[name]
         rows = _rows(resources.files("specdec.data").joinpath("prompts", file).read_text(encoding="utf-8"), name)
         questions = build(rows)
@@ -78,6 +91,14 @@ def _read(name: str) -> str:
 
 def _choices() -> str:
     return ", ".join(prompt_set_names())
+
+
+def _build(build: Callable[[list[dict]], list[Question]], rows: list[dict], name: str) -> list[Question]:
+    try:
+        return build(rows)
+    except (ValueError, KeyError, TypeError) as exc:
+        detail = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise SpecdecError(f"{name}: a row does not fit the set ({detail})") from None
 
 
 def _numbered_rows(text: str, where: str) -> Iterable[tuple[int, dict]]:
@@ -235,9 +256,33 @@ def _spec_bench_set(rows: list[dict]) -> list[Question]:
     return [spec_bench_question(row) for row in rows]
 
 
+def _repair_set(rows: list[dict]) -> list[Question]:
+    return [repair_question(row) for row in rows]
+
+
+def _two_turn_set(rows: list[dict]) -> list[Question]:
+    questions = []
+    for row in rows:
+        first = spec_bench_question(row)
+        later = tuple(row["turns"][1:])
+        if later:
+            questions.append(Question(first.question_id, first.category, first.prompt, ScriptedTurns(later)))
+    return questions
+
+
+def repair_question(row: dict) -> Question:
+    """A HumanEval problem as the first turn of a repair loop: the completion request, then the
+    test failures of each answer until the tests pass or the model answered 3 times."""
+    first = completion_question(row)
+    loop = RepairLoop(_text(row, "prompt"), _text(row, "test"), _text(row, "entry_point"))
+    return Question(first.question_id, "repair", first.prompt, loop)
+
+
 # name -> (packaged file, what turns its rows into questions)
 SETS: dict[str, tuple[str, Callable[[list[dict]], list[Question]]]] = {
     "spec-bench": ("spec_bench.jsonl", _spec_bench_set),
     "humaneval": ("humaneval.jsonl", _completion_set),
     "humaneval-edit": ("humaneval.jsonl", _edit_set),
+    "humaneval-repair": ("humaneval.jsonl", _repair_set),
+    "spec-bench-2turn": ("spec_bench.jsonl", _two_turn_set),
 }

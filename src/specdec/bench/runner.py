@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.api import Model
-from specdec.bench.base import Method, RunResult
+from specdec.bench.base import Method, RunResult, joined
 from specdec.bench.questions import Question
 from specdec.compare import spread
 from specdec.context import Learned
 from specdec.costs import CostModel
+from specdec.errors import SpecdecError
 from specdec.stats import GenerationStats
 
 
@@ -67,13 +68,17 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     questions each), and the minimum is the estimate least affected by it.
     """
     chat = model.has_chat_template
+    if not chat and any(q.conversation is not None for q in questions):
+        raise SpecdecError(f"these questions have several turns, and {model.name} has no chat template "
+                           "(a base model): give a chat model")
     prompts = [model.encode(q.prompt, chat=chat) for q in questions]
     bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods})
-    def attempt(method: Method, ids: list[int], n: int, seed_i: int | None) -> RunResult | None:
+    def attempt(method: Method, ids: list[int], n: int, seed_i: int | None,
+                question: Question | None = None) -> RunResult | None:
         # A peer that crashes (a library bug on some input) is reported, not allowed to end the
         # run; ours must never crash, so their errors propagate.
         try:
-            return method.run(ids, n, seed_i)
+            return run_question(method, model, question, ids, n, seed_i)
         except Exception as exc:
             if method.family == "ours":
                 raise
@@ -101,7 +106,7 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
                 if method not in bench.methods:
                     continue
                 model.loaded.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
-                result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i)
+                result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i, questions[i])
                 learned[method.name] = model.loaded.learned
                 if result is not None and (method.name not in fastest or result.wall_s < fastest[method.name].wall_s):
                     fastest[method.name] = result
@@ -110,6 +115,27 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
         if on_result:
             on_result(bench, i)
     return bench
+
+
+def run_question(method: Method, model: Model, question: Question | None, ids: list[int], max_new_tokens: int,
+                 seed: int | None) -> RunResult:
+    """One question with one method: one call, or for a conversation every turn, each turn's prompt
+    the conversation so far through the chat template (``max_new_tokens`` a turn)."""
+    if question is None or question.conversation is None:
+        return method.run(ids, max_new_tokens, seed)
+    messages = [{"role": "user", "content": question.prompt}]
+    parts: list[RunResult] = []
+    answers: list[str] = []
+    while True:
+        part = method.run(ids, max_new_tokens, seed)
+        parts.append(part)
+        answers.append(model.decode(part.token_ids))
+        follow = question.conversation.reply(answers)
+        if follow is None or len(answers) >= question.conversation.max_turns:
+            break
+        messages += [{"role": "assistant", "content": answers[-1]}, {"role": "user", "content": follow}]
+        ids = model.loaded.codec.encode_messages(messages)
+    return joined(parts, question.conversation.outcome(answers))
 
 
 def summarize(bench: BenchRun, model: Model, upto: int | None = None, divergences: bool = True) -> dict:
@@ -163,6 +189,11 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
                 q = bench.questions[diff]
                 stats["first_difference"] = {"question_id": q.question_id, "category": q.category,
                                              "position": _first_mismatch(runs[diff].token_ids, base[diff].token_ids)}
+    if any(r.turns > 1 or r.outcome is not None for r in rs):
+        stats["turns"] = sum(r.turns for r in rs)
+    outcomes = [r.outcome for r in rs if r.outcome is not None]
+    if outcomes and all("passed" in o for o in outcomes):
+        stats["pass_rate"] = round(sum(bool(o["passed"]) for o in outcomes) / len(outcomes), 4)
     if rs and rs[0].stats is not None:
         stats.update(GenerationStats.total(r.stats for r in rs).bench_dict())
     elif rs and rs[0].target_forwards is not None:
@@ -202,8 +233,11 @@ def _divergences(bench: BenchRun, method: Method, base: list[RunResult], n: int,
         if mine == theirs:
             continue
         pos = _first_mismatch(mine, theirs)
-        logits = model.loaded.backend().extend(bench.prompts[i] + theirs[:pos])[-1]
-        top2 = logits.topk(2).values
-        found.append({"question_id": bench.questions[i].question_id, "category": bench.questions[i].category,
-                      "position": pos, "top2_margin": round(float(top2[0] - top2[1]), 4)})
+        where = {"question_id": bench.questions[i].question_id, "category": bench.questions[i].category,
+                 "position": pos, "top2_margin": None}
+        if base[i].first_turn is None or pos < base[i].first_turn:  # a later turn's prompt is not kept
+            logits = model.loaded.backend().extend(bench.prompts[i] + theirs[:pos])[-1]
+            top2 = logits.topk(2).values
+            where["top2_margin"] = round(float(top2[0] - top2[1]), 4)
+        found.append(where)
     return found

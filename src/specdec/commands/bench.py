@@ -30,9 +30,10 @@ def add_parser(sub) -> None:
     add_model_options(bench)
     bench.add_argument("--questions", metavar="SET|FILE",
                        help="a prompt set shipped with specdec: " + ", ".join(prompt_set_names()) + " (Spec-Bench's "
-                            "13 categories; HumanEval functions to complete; the same functions to edit), or a "
-                            ".jsonl file of Spec-Bench questions (question_id, category, turns) or HumanEval "
-                            "problems (task_id, prompt, ...)")
+                            "13 categories; HumanEval functions to complete; the same functions to edit; an agent's "
+                            "repair loop on them, tests run between turns; Spec-Bench's two-turn chats), SET:FILE "
+                            "(the set built from another file of its format), or a .jsonl file of Spec-Bench "
+                            "questions (question_id, category, turns) or HumanEval problems (task_id, prompt, ...)")
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
     bench.add_argument("--max-new-tokens", type=int, default=64)
@@ -197,7 +198,8 @@ def _write_outputs(out: Path, bench) -> None:
                 fh.write(json.dumps({"question_id": q.question_id, "category": q.category, "method": m.name,
                                      "token_ids": r.token_ids, "wall_s": round(r.wall_s, 4),
                                      "target_forwards": r.target_forwards, "drafted": None if s is None else s.drafted,
-                                     "accepted": None if s is None else s.accepted}) + "\n")
+                                     "accepted": None if s is None else s.accepted, "turns": r.turns,
+                                     **({"outcome": r.outcome} if r.outcome is not None else {})}) + "\n")
 
 
 def _print_cost_curve(console: Console, curve: dict[int, float], results: dict) -> None:
