@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test docs browser peers vllm llama-peers
+.PHONY: setup demo test docs browser peers vllm llama-peers arctic-suffix
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -101,3 +101,30 @@ $(LLAMA_PEERS)/build/bin/.built: | $(LLAMA_SDIST)
 	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 	cmake --build $(LLAMA_PEERS)/build --config Release -j $(LLAMA_PEERS_JOBS) --target $(LLAMA_PEERS_BINS)
 	touch $@
+
+# SuffixDecoding (Snowflake's arctic-inference, Apache-2.0) as a drafter peer, `arctic-suffix`: only
+# its C++ suffix tree (csrc/suffix_decoding, a nanobind extension) and its Python cache around it,
+# from the release's sdist; no vLLM, no CUDA. specdec finds it in $(ARCTIC_PEER) (or
+# $$SPECDEC_ARCTIC_PATH).
+ARCTIC_VERSION := 0.3.0
+ARCTIC_SDIST   := .build/sdist/arctic_inference-$(ARCTIC_VERSION).tar.gz
+ARCTIC_URL     := https://files.pythonhosted.org/packages/63/c1/573fa2f00097cd9cc1167b31fd900b2482f58f3491867cebdd5516626533/arctic_inference-$(ARCTIC_VERSION).tar.gz
+ARCTIC_SHA256  := 7f22e3e1b1071c6061c0d6951be17c0fb50b08d06d6e543144c8f52faba60a36
+ARCTIC_PEER    ?= .peers/arctic-inference
+arctic-suffix: $(ARCTIC_PEER)/.built
+$(ARCTIC_SDIST):
+	mkdir -p $(dir $@)
+	curl -sSfL -o $@.part $(ARCTIC_URL)
+	echo "$(ARCTIC_SHA256)  $@.part" | sha256sum -c --quiet && mv $@.part $@
+$(ARCTIC_PEER)/.built: $(ARCTIC_SDIST) | setup
+	rm -rf $(ARCTIC_PEER) && mkdir -p $(ARCTIC_PEER)/src $(ARCTIC_PEER)/arctic_inference/suffix_decoding
+	tar -xzf $(ARCTIC_SDIST) -C $(ARCTIC_PEER)/src --strip-components=1
+	$(PY) -m pip install -q --disable-pip-version-check nanobind
+	cmake -S $(ARCTIC_PEER)/src/csrc/suffix_decoding -B $(ARCTIC_PEER)/build -DCMAKE_BUILD_TYPE=Release \
+	  -DPython_EXECUTABLE=$(abspath $(PY))
+	cmake --build $(ARCTIC_PEER)/build -j 2
+	cp $(ARCTIC_PEER)/src/arctic_inference/suffix_decoding/__init__.py \
+	   $(ARCTIC_PEER)/src/arctic_inference/suffix_decoding/cache.py $(ARCTIC_PEER)/build/_C*.so \
+	   $(ARCTIC_PEER)/arctic_inference/suffix_decoding/
+	touch $(ARCTIC_PEER)/arctic_inference/__init__.py $@
+
