@@ -42,7 +42,7 @@ def ray_served(tiny_model_dir, tmp_path_factory):
 
     memory = tmp_path_factory.mktemp("ray-memory") / "memory.json"
     spec = ModelSpec(model=str(tiny_model_dir), memory=str(memory), save_every=1.0, torch_threads=1,
-                     config=ServeConfig(slots=4, max_tokens=24, max_body=64 * 1024))
+                     config=ServeConfig(slots=4, max_tokens=24, max_body=64 * 1024, shared_index=True))
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False)
     try:

@@ -399,14 +399,14 @@ class FakeServed:
         self.calls.append(f"chat:{messages[-1]['content']}")
         return [1, 2]
 
-    async def generate(self, prompt, opts, request, t0):
+    async def generate(self, prompt, opts, request, t0, tenant=None):
         from specdec.api import Output
         from specdec.stats import GenerationStats
 
         self.calls.append(f"generate:{prompt}:{opts.max_new_tokens}")
         return Output("ok", [5], list(prompt), "length", GenerationStats(new_tokens=1))
 
-    async def events(self, prompt, opts, answer, include_usage, t0):
+    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None):
         yield ""
         yield "data: [DONE]\n\n"
 

@@ -135,12 +135,15 @@ class Model:
 
     # -- drafters and policies by name --------------------------------------------------------------
     def drafter(self, kind: str | Drafter = "ngram", draft_model: Model | LoadedModel | None = None,
-                options: GenerationOptions | None = None, *, tree: bool | None = None) -> Drafter:
+                options: GenerationOptions | None = None, *, tree: bool | None = None,
+                tenant: str | None = None) -> Drafter:
         """A drafter by registered name (``specdec.registry.DRAFTERS``), or ``kind`` itself.
 
         ``options`` are the generation's (the drafter reads its own declared options there);
         ``tree=True`` lets the drafter branch (drafters that only draft chains ignore it). A
-        drafter that runs a model without ``draft_model`` gets the model's default draft model."""
+        drafter that runs a model without ``draft_model`` gets the model's default draft model.
+        ``tenant``: whose index of earlier outputs it drafts from
+        (:meth:`specdec.loaded.LoadedModel.tenant_state`; None: the model's)."""
         if isinstance(kind, Drafter):
             return kind
         entry = DRAFTERS.get(kind)
@@ -152,7 +155,7 @@ class Model:
         options = options or GenerationOptions(drafter=kind)
         if tree is not None:
             options = options.with_(tree=tree)
-        return entry.build(DraftRequest(self.loaded.draft_context(),
+        return entry.build(DraftRequest(self.loaded.draft_context(tenant),
                                         draft.draft_context() if draft is not None else None, options))
 
     def policy(self, policy: str | DraftPolicy = "adaptive", num_draft: int | None = None) -> DraftPolicy:
@@ -168,7 +171,7 @@ class Model:
 
     def start(self, prompt: str | Sequence[int], options: GenerationOptions | None = None, *,
               draft_model: Model | LoadedModel | None = None, chat: bool = False, trace: bool = False,
-              **kwargs: Any) -> DecodeRun:
+              tenant: str | None = None, **kwargs: Any) -> DecodeRun:
         """Prepare a generation without running it: iterate the result to stream steps.
 
         ``options`` (:class:`specdec.options.GenerationOptions`) or its fields as keywords
@@ -178,7 +181,8 @@ class Model:
         ``verify`` is ``coupled`` (default: the same seed gives the same text with any drafter) or
         ``rejection`` (classic rejection sampling for model drafters). ``chat`` wraps a text
         prompt in the chat template; ``trace`` records each step's probabilities (p, q and
-        min(1, p/q)) in the step records.
+        min(1, p/q)) in the step records. ``tenant`` keeps a server's clients apart: whose index
+        of earlier outputs the drafter uses (:meth:`specdec.loaded.LoadedModel.tenant_state`).
         """
         # Objects are not option values: kept aside, the options name the drafter where it is registered.
         drafter_obj = kwargs.pop("drafter") if isinstance(kwargs.get("drafter"), Drafter) else None
@@ -191,7 +195,7 @@ class Model:
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
         config = DecodeConfig(opts.max_new_tokens, opts.sampling, self.eos_token_ids, stops.hit if stops else None,
                               opts.verify, trace)
-        made = drafter_obj or self.drafter(opts.drafter, draft_model, opts)
+        made = drafter_obj or self.drafter(opts.drafter, draft_model, opts, tenant=tenant)
         try:
             chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.name != "none" else FixedK(1)
             backend = pool.take()

@@ -100,7 +100,15 @@ class DraftContext:
     memory: NgramMemory | None = None  # earlier outputs, when the model has memory enabled
     backend_name: str = ""
     layer_access: bool = False  # whether its backends are LayerAccess (can self-speculate)
+    # What a drafter learns of the text itself (an index of earlier outputs), kept per tenant where
+    # the server isolates them (specdec.loaded.LoadedModel.tenant_state); None: ``learned``.
+    private: Learned | None = None
 
     def state(self, slot: LearnedSlot[T], make: Callable[[], T] | None = None) -> T:
         """Shorthand for ``self.learned.get(slot, make)``."""
         return self.learned.get(slot, make)
+
+    def text_state(self, slot: LearnedSlot[T], make: Callable[[], T] | None = None) -> T:
+        """State made of the generated text itself (an index of earlier outputs): this tenant's
+        own where tenants are kept apart, else the model's learned state."""
+        return (self.private if self.private is not None else self.learned).get(slot, make)

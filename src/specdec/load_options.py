@@ -2,7 +2,7 @@
 options are (:mod:`specdec.options`).
 
 :data:`LOAD` (backend, dtype, exact kernels, device, threads, context) and :data:`SERVE` (slots,
-max tokens, batching) are :class:`~specdec.options.Option` specs; :class:`LoadOptions` and
+max tokens, batching, whether clients share the index of earlier outputs) are :class:`~specdec.options.Option` specs; :class:`LoadOptions` and
 :class:`ServeOptions` hold their validated values. :func:`specdec.load`, every command's flags
 (:mod:`specdec.option_forms`), the server's settings and a Ray Serve config file's ``args``
 (:mod:`specdec.server.settings`) all read them from here, so a default or a check is written once
@@ -64,6 +64,10 @@ SERVE: tuple[Option, ...] = (
     Option("batch", bool, None, "continuous batching: the running generations' steps go into one forward (default: "
                                 "on where the backend can, llama.cpp; with exact kernels no answer changes)",
            nullable=True, scope="serve"),
+    Option("shared_index", bool, False, "let every client draft from every other client's outputs (the --memory "
+                                        "index, SuffixDecoding's global tree); by default each API key has its own "
+                                        "and a request without a key only its own text, since how fast an answer "
+                                        "comes tells whether someone else wrote the same text", scope="serve"),
 )
 
 Spell = Callable[[str], str]  # a setting as a front end names it (--max-tokens, max_tokens)
@@ -128,6 +132,7 @@ class ServeOptions:
     slots: int = _spec(SERVE, "slots").default
     max_tokens: int = _spec(SERVE, "max_tokens").default
     batch: bool | None = _spec(SERVE, "batch").default
+    shared_index: bool = _spec(SERVE, "shared_index").default
 
     def validate(self, spell: Spell = str) -> ServeOptions:
         _checked(SERVE, asdict(self), spell)

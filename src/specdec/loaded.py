@@ -12,6 +12,7 @@ memory, learned state, a sequence's backend) use the loaded model directly.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +27,9 @@ from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_prog
 from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, BackendEntry, LoadRequest
 from specdec.text import TextCodec
+
+MAX_TENANTS = 256  # tenants whose index of earlier outputs is kept (the least recently seen go first)
+OWN_TEXT = ""  # the tenant of a request that names none: it drafts from nothing but its own text
 
 CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens and "
                     "the target model verifies them in one forward pass. ")
@@ -113,6 +117,8 @@ class LoadedModel:
         self._default_draft: tuple[str, LoadOptions, Reporter | None] | None = None
         self._default_draft_model: LoadedModel | None = None
         self._default_draft_lock = threading.Lock()
+        self._tenants: OrderedDict[str, tuple[NgramMemory | None, Learned]] = OrderedDict()
+        self._tenants_lock = threading.Lock()
 
     @property
     def backend_name(self) -> str:
@@ -169,8 +175,32 @@ class LoadedModel:
         self.memory = NgramMemory.load(path, capacity) if path else NgramMemory(capacity=capacity)
         return self.memory
 
-    def draft_context(self) -> DraftContext:
-        """What a drafter may use of this model (see :class:`specdec.context.DraftContext`)."""
+    def tenant_state(self, tenant: str | None) -> tuple[NgramMemory | None, Learned | None]:
+        """The index of earlier outputs (the memory) and the text state a generation of ``tenant``
+        drafts from and adds to. ``None``: the model's own (one user, or a server whose clients
+        share them). :data:`OWN_TEXT`: none (a fresh state that nothing else sees). Any other name:
+        that tenant's own, bounded like the model's memory, for the :data:`MAX_TENANTS` tenants seen
+        most recently. Acceptance statistics and cost curves stay the model's: they hold no text."""
+        if tenant is None:
+            return self.memory, None
+        if tenant == OWN_TEXT:
+            return None, Learned()
+        with self._tenants_lock:
+            found = self._tenants.get(tenant)
+            if found is None:
+                memory = None
+                if self.memory is not None:
+                    memory = NgramMemory(self.memory.max_ngram, self.memory.capacity, self.memory.min_ngram)
+                found = self._tenants[tenant] = (memory, Learned())
+                while len(self._tenants) > MAX_TENANTS:
+                    self._tenants.popitem(last=False)
+            else:
+                self._tenants.move_to_end(tenant)
+            return found
+
+    def draft_context(self, tenant: str | None = None) -> DraftContext:
+        """What a drafter may use of this model (see :class:`specdec.context.DraftContext`), for a
+        generation of ``tenant`` (see :meth:`tenant_state`)."""
         if self.entry is not None:
             layer_access = self.entry.layer_access
         else:  # a model wrapped by hand: ask a sequence
@@ -182,8 +212,9 @@ class LoadedModel:
         def logit_width() -> int:
             return self.logit_width
 
+        memory, private = self.tenant_state(tenant)
         return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self.learned,
-                            logit_width, self.memory, self.backend_name, layer_access)
+                            logit_width, memory, self.backend_name, layer_access, private)
 
     def cost_model(self) -> CostModel:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""

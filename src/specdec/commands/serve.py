@@ -11,7 +11,7 @@ from specdec.commands.common import add_generation_options, add_model_options, g
     quiet_libraries
 from specdec.errors import SpecdecError
 from specdec.load_options import SERVE, ServeOptions
-from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, as_flag
+from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, as_flag, check_memory_sharing
 
 if TYPE_CHECKING:
     from specdec.server.settings import ServeConfig
@@ -54,6 +54,7 @@ def add_parser(sub) -> None:
 def check_args(args: argparse.Namespace) -> None:
     args.options = generation_options(args)
     ServeOptions(**option_forms.spec_values(args, SERVE)).validate(spell=option_forms.flag)
+    check_memory_sharing(args.memory, args.shared_index, spell=option_forms.flag)
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     check_ray(args)
@@ -101,7 +102,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     flag (``--verify`` and drafters' own options included) is the default of requests."""
     from specdec.server.settings import ServeConfig
 
-    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch)
+    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch,
+                       shared_index=args.shared_index)
 
 
 def run(args: argparse.Namespace) -> int:

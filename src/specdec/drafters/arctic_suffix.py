@@ -116,7 +116,8 @@ def _new_cache():
     return suffix_cache_class()(max_tree_depth=MAX_TREE_DEPTH, max_cached_requests=MAX_CACHED_REQUESTS)
 
 
-# The target's cache: its global tree of earlier outputs carries over to later generations.
+# The target's cache: its global tree of earlier outputs carries over to later generations (of the
+# same tenant, where the server keeps them apart).
 ARCTIC_CACHE: LearnedSlot = LearnedSlot("arctic-suffix-cache", _new_cache)
 
 
@@ -124,4 +125,4 @@ ARCTIC_CACHE: LearnedSlot = LearnedSlot("arctic-suffix-cache", _new_cache)
                           "the prompt and output, and earlier outputs; with --tree a tree", order=90)
 def _build_arctic_suffix(request: DraftRequest) -> ArcticSuffixDrafter:
     suffix_cache_class()  # the clear error, before any state is made
-    return ArcticSuffixDrafter(request.target.state(ARCTIC_CACHE), tree=request.tree)
+    return ArcticSuffixDrafter(request.target.text_state(ARCTIC_CACHE), tree=request.tree)

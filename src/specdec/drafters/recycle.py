@@ -123,6 +123,6 @@ RECYCLED_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot(
 
 def build_recycle(target: DraftContext, tree: bool = False) -> RecycleDrafter:
     """A recycling drafter on ``target``'s learned tables."""
-    return RecycleDrafter(table=target.state(RECYCLED_NEXT),
+    return RecycleDrafter(table=target.text_state(RECYCLED_NEXT),
                           ngram=NgramDrafter(table=target.state(NGRAM_ACCEPTANCE), memory=target.memory),
                           acceptance=target.state(RECYCLED_ACCEPTANCE), tree=tree)

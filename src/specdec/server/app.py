@@ -101,23 +101,27 @@ class Server:
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param=getattr(exc, "option", None)) from None
 
-    def _start(self, prompt: str | Sequence[int], opts: GenerationOptions) -> DecodeRun:
+    def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None) -> DecodeRun:
+        # Tenants apart unless the server shares one index (specdec.server.tenants).
+        tenant = None if self.config.shared_index else tenant
         try:
-            return self.model.start(prompt, opts, draft_model=self.draft_model)
+            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant)
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
-    async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions) -> DecodeRun:
+    async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions,
+                       tenant: str | None = None) -> DecodeRun:
         """A started generation; a request cancelled meanwhile still gets it, and closes it."""
         with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(self._start, prompt, opts)
+            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant)
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float) -> Output:
+                       t0: float, tenant: str | None = None) -> Output:
         """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
-        request came (its latency is observed once the answer is complete)."""
+        request came (its latency is observed once the answer is complete); ``tenant``: whose
+        index of earlier outputs it drafts from (:mod:`specdec.server.tenants`)."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts)
+            run = await self._started(prompt, opts, tenant)
             try:
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for _ in steps:
@@ -131,12 +135,12 @@ class Server:
         return out
 
     async def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer,
-                     include_usage: bool, t0: float) -> AsyncIterator[str]:
+                     include_usage: bool, t0: float, tenant: str | None = None) -> AsyncIterator[str]:
         """Server-sent events: first the opening chunk (or "" if the answer has none) once the
         generation has started, then one chunk per step that released text, the finish reason,
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts)
+            run = await self._started(prompt, opts, tenant)
             codec = self.model.loaded.codec
             deltas = TextDeltas(codec, StopStrings(list(opts.stop), codec))
             first = True

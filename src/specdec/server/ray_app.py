@@ -37,7 +37,7 @@ from typing import Any
 from specdec.errors import SpecdecError
 from specdec.server.asgi_call import AsgiCall, Lifespan
 from specdec.server.ray_router import PrefixRouter, Routed, routing_text
-from specdec.server.settings import DEFAULT_REPLICAS, ServeConfig, settings_from
+from specdec.server.settings import DEFAULT_REPLICAS, ServeConfig, check_memory_sharing, settings_from
 
 
 REPLICA_HEADER = "x-specdec-replica"
@@ -106,6 +106,7 @@ class ModelReplica:
         model = specdec.load(spec.model, **spec.load)
         draft = specdec.load(spec.draft_model, **spec.load) if spec.draft_model else None
         self.memory_file = None
+        check_memory_sharing(spec.memory, spec.config.shared_index, spell=str)
         if spec.memory:
             model.loaded.enable_memory(memory_start(spec.memory, self.rank))
             self.memory_file = replica_memory_file(spec.memory, self.rank)

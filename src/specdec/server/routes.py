@@ -24,6 +24,7 @@ from specdec.options import GenerationOptions
 from specdec.server.errors import ApiError
 from specdec.server.openai import Answer, ChatCompletion, Completion
 from specdec.server.schemas import ChatRequest, Common, CompletionRequest, with_specdec_fields
+from specdec.server.tenants import tenant_of
 
 
 class Served(Protocol):
@@ -40,10 +41,10 @@ class Served(Protocol):
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float) -> Output: ...
+                       t0: float, tenant: str | None = None) -> Output: ...
 
     def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer, include_usage: bool,
-               t0: float) -> AsyncIterator[str]: ...
+               t0: float, tenant: str | None = None) -> AsyncIterator[str]: ...
 
 
 def router(server: Served) -> APIRouter:
@@ -69,9 +70,10 @@ def router(server: Served) -> APIRouter:
         t0 = time.perf_counter()
         opts = server.options(req, req.max_tokens)
         answer = Completion(req.model)
+        tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(req.prompt, opts, answer, include_usage(req), t0))
-        return answer.whole(await server.generate(req.prompt, opts, request, t0))
+            return await streamed(server.events(req.prompt, opts, answer, include_usage(req), t0, tenant))
+        return answer.whole(await server.generate(req.prompt, opts, request, t0, tenant))
 
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
@@ -81,9 +83,10 @@ def router(server: Served) -> APIRouter:
         prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                                      for m in req.messages])
         answer = ChatCompletion(req.model)
+        tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0))
-        return answer.whole(await server.generate(prompt, opts, request, t0))
+            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant))
+        return answer.whole(await server.generate(prompt, opts, request, t0, tenant))
 
     return routes
 

@@ -36,18 +36,28 @@ _SERVE = ServeOptions()  # the serve options' defaults (specdec.load_options.SER
 @dataclass
 class ServeConfig:
     """The options of requests that do not choose, and the server's limits
-    (:data:`specdec.load_options.SERVE`: slots, max_tokens, batch)."""
+    (:data:`specdec.load_options.SERVE`: slots, max_tokens, batch, shared_index)."""
 
     defaults: GenerationOptions = field(default_factory=GenerationOptions)  # drafting (sampling: OpenAI's)
     slots: int = _SERVE.slots  # generations in progress at once (each holds a KV cache)
     max_tokens: int = _SERVE.max_tokens  # when a request gives no max_tokens
     max_body: int = 1 << 20  # bytes
     batch: bool | None = _SERVE.batch  # step generations in one forward (None: where the backend can)
+    shared_index: bool = _SERVE.shared_index  # clients draft from each other's outputs (default: per API key)
 
 
 def as_flag(name: str) -> str:
     """A setting as the command line spells it."""
     return "--" + name.replace("_", "-")
+
+
+def check_memory_sharing(memory: str | None, shared_index: bool, spell=as_flag) -> None:
+    """A memory file is one index of every client's outputs: a server keeps one only when its
+    clients share the index (``shared_index``); otherwise each API key has its own
+    (:mod:`specdec.server.tenants`) and nothing would go into the file."""
+    if memory and not shared_index:
+        raise SpecdecError(f"{spell('memory')} keeps one index of earlier outputs for every client: add "
+                           f"{spell('shared_index')} to share it (by default each API key has its own)")
 
 
 @dataclass
@@ -132,8 +142,10 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
     defaults = GenerationOptions.of({k: v for k, v in values.items() if k in drafting}).validate()
     draft_model = draft_model_for(defaults.drafter, _typed(values, "draft_model", str, None), model)
     serve = ServeOptions(**{k: values[k] for k in serve_names if k in values}).validate()
-    config = ServeConfig(defaults=defaults, slots=serve.slots, max_tokens=serve.max_tokens, batch=serve.batch)
+    config = ServeConfig(defaults=defaults, slots=serve.slots, max_tokens=serve.max_tokens, batch=serve.batch,
+                         shared_index=serve.shared_index)
     scaling = Scaling(**{k: values[k] for k in SCALING if k in values}).check()
+    check_memory_sharing(values.get("memory"), serve.shared_index, spell=str)
     return ServeSettings(model=model, load=load.to_dict(), draft_model=draft_model, memory=values.get("memory"),
                          config=config, scaling=scaling)
 
