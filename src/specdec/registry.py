@@ -109,18 +109,33 @@ class DrafterEntry:
     # The drafter's own options (specdec.options.Option, ``owner`` = this drafter): their one home;
     # specdec.options reads them from here.
     options: tuple = ()
+    # Raises SpecdecError (saying how to get it) where an optional build the drafter needs is
+    # missing; None: always available.
+    available: Callable[[], Any] | None = None
+
+    def missing(self) -> str | None:
+        """Why this drafter cannot run on this machine (its optional build is absent); None if it can."""
+        if self.available is None:
+            return None
+        try:
+            self.available()
+        except SpecdecError as exc:
+            return str(exc)
+        return None
 
 
 DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
 
 
 def drafter(name: str, help: str, *, needs_draft_model: bool = False, same_vocabulary: bool = False,
-            order: int = 50, options: Sequence[Any] = ()):
+            order: int = 50, options: Sequence[Any] = (), available: Callable[[], Any] | None = None):
     """Register the decorated ``build(request) -> Drafter`` function under ``name``; ``options``
-    (:class:`specdec.options.Option`) are the drafter's own, offered by every front end."""
+    (:class:`specdec.options.Option`) are the drafter's own, offered by every front end;
+    ``available()`` raises where an optional build the drafter needs is missing."""
     def register(build: Callable[[DraftRequest], Any]):
         own = tuple(replace(o, owner=name) for o in options)
-        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, own))
+        DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, own,
+                                        available))
         return build
     return register
 

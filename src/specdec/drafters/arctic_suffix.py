@@ -122,7 +122,8 @@ ARCTIC_CACHE: LearnedSlot = LearnedSlot("arctic-suffix-cache", _new_cache)
 
 
 @drafter("arctic-suffix", "SuffixDecoding's suffix trees (arctic-inference, built by `make arctic-suffix`): "
-                          "the prompt and output, and earlier outputs; with --tree a tree", order=90)
+                          "the prompt and output, and earlier outputs; with --tree a tree", order=90,
+         available=suffix_cache_class)
 def _build_arctic_suffix(request: DraftRequest) -> ArcticSuffixDrafter:
     suffix_cache_class()  # the clear error, before any state is made
     return ArcticSuffixDrafter(request.target.text_state(ARCTIC_CACHE), tree=request.tree)
