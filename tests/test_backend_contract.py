@@ -11,6 +11,7 @@ import torch
 from conftest import twin_rollback_walk
 from specdec.backends.hf import HFBackend
 from specdec.backends.toy import ToyLM
+from specdec.devices import kind
 from specdec.engine import DecodeConfig, decode
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -149,7 +150,7 @@ def test_every_registered_backend_keeps_the_contract_and_declares_what_it_can_do
 
     loaded = loaded_by(name)
     entry = loaded.entry
-    assert entry.name == name and loaded.options.device in entry.devices and loaded.options.dtype in entry.dtypes
+    assert entry.name == name and kind(loaded.options.device) in entry.devices and loaded.options.dtype in entry.dtypes
     vocab = min(loaded.logit_width, 1000)
     assert twin_rollback_walk(loaded.backend, vocab, seed=7, steps=8) == 8
     with loaded.pool.lease() as backend:

@@ -95,11 +95,12 @@ class Model:
         from specdec.cpu import machine_tag
         from specdec.registry import BACKENDS
 
-        tune = tune_kernels and hf_model.dtype == torch.float32
+        tune = tune_kernels and hf_model.dtype == torch.float32 and hf_model.device.type == "cpu"
         loaded = LoadedModel(name, tokenizer, lambda: HFBackend(hf_model),
                              eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
                              entry=BACKENDS.get("transformers"),
-                             cost_key=f"{hf_model.dtype}-{'tuned' if tune else 'stock'}", hf_model=hf_model)
+                             cost_key=f"{hf_model.dtype}-{'tuned' if tune else 'stock'}", hf_model=hf_model,
+                             device=str(hf_model.device))
         loaded.kernel_tuning = (kernels.install(hf_model, kernels.tuned(hf_model, f"{name}-{hf_model.dtype}-"
                                                                          f"{machine_tag()}")) if tune else None)
         return cls(loaded)

@@ -51,7 +51,7 @@ def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequenc
                 continue
             tokens = _tokens(pool, n)
             t0 = time.perf_counter()
-            backend.extend(tokens)
+            _wait(backend.extend(tokens))
             samples[n].append(time.perf_counter() - t0)
             backend.truncate(base)
     return {n: min(v) for n, v in samples.items()}
@@ -70,14 +70,22 @@ def measure_switch(backend: Timed, context: Sequence[int], repeats: int = 5, oth
     after: list[float] = []
     for i in range(2 * repeats):
         before = 1 if i % 2 == 0 else other
-        backend.extend(_tokens(pool, before))
+        _wait(backend.extend(_tokens(pool, before)))
         backend.truncate(base)
         t0 = time.perf_counter()
-        backend.extend(pool[:1])
+        _wait(backend.extend(pool[:1]))
         (steady if before == 1 else after).append(time.perf_counter() - t0)
         backend.truncate(base)
     one = min(steady)
     return one, max(0.0, min(after) - one)
+
+
+def _wait(result: object) -> None:
+    """Wait until a forward's logits exist: a GPU returns before it has computed them, and reading
+    one value back waits for everything queued before it."""
+    device = getattr(result, "device", None)
+    if device is not None and device.type != "cpu":
+        float(result.reshape(-1)[0])
 
 
 def _at(backend: Timed, context: Sequence[int]) -> tuple[int, list[int]]:

@@ -35,10 +35,10 @@ def _dtypes() -> list[str]:
     return sorted({d for e in BACKENDS for d in e.dtypes})
 
 
-def _devices() -> list[str]:
-    from specdec.registry import BACKENDS
+def _device_form(device: str) -> str | None:
+    from specdec.devices import form_problem
 
-    return sorted({d for e in BACKENDS for d in e.devices})
+    return form_problem(device)
 
 
 LOAD: tuple[Option, ...] = (
@@ -48,7 +48,8 @@ LOAD: tuple[Option, ...] = (
     Option("exact", bool, None, "batch-invariant kernels, so speculative output equals plain decoding's token for "
                                 "token even at near-ties (llama.cpp: on by default where its build allows it; "
                                 "--no-exact runs its fastest kernels)", nullable=True, scope="load"),
-    Option("device", str, "cpu", "where the model runs", choices=_devices, scope="load"),
+    Option("device", str, "cpu", "where the model runs: cpu, cuda, cuda:N (a GPU, on the transformers backend) or "
+                                 "auto (the first GPU if there is one)", _device_form, metavar="DEVICE", scope="load"),
     Option("threads", int, None, "CPU threads a forward uses (default: every core)", at_least(1), nullable=True,
            metavar="N", scope="load"),
     Option("context", int, None, "KV cache tokens per sequence, prompt and answer (default: the model's "
@@ -108,6 +109,7 @@ class LoadOptions:
 
     def validate(self, spell: Spell = str) -> LoadOptions:
         """Each value against its spec, then what the chosen backend offers; ``self`` when all is fine."""
+        from specdec import devices
         from specdec.registry import BACKENDS
 
         _checked(LOAD, asdict(self), spell)
@@ -115,9 +117,13 @@ class LoadOptions:
         if self.dtype not in entry.dtypes:
             raise OptionError(f"{spell('dtype')} {self.dtype} is not available on the {self.backend} backend: use "
                               f"{', '.join(entry.dtypes)}", "dtype")
-        if self.device not in entry.devices:
-            raise OptionError(f"{spell('device')} {self.device} is not available on the {self.backend} backend: use "
-                              f"{', '.join(entry.devices)}", "device")
+        try:
+            kind = devices.kind(self.device)  # a GPU that is not there is refused here
+        except SpecdecError as exc:
+            raise OptionError(str(exc).replace("device", spell("device"), 1), "device") from None
+        if kind not in entry.devices:
+            raise OptionError(f"{spell('device')} {self.device} is not available on the {self.backend} backend: it "
+                              f"runs on {', '.join(entry.devices)}", "device")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 from specdec.backends.base import Backend, BatchedSequences
 from specdec.context import DraftContext, Learned
 from specdec.costs import CostModel, calibrated
-from specdec.cpu import machine_tag
+from specdec.devices import device_tag
 from specdec.drafting.memory import NgramMemory
 from specdec.errors import SpecdecError
 from specdec.load_options import LoadOptions
@@ -47,7 +47,7 @@ def load_model(name: str, options: LoadOptions | Mapping[str, Any] | None = None
     weights = entry.load(LoadRequest(resolved, chosen, report, tune_kernels=True))
     loaded = LoadedModel(resolved.name, tokenizer, weights.make_backend, eos=eos, entry=entry, options=chosen,
                          cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact,
-                         batched=weights.batched, forget_prompts=weights.forget_prompts)
+                         batched=weights.batched, forget_prompts=weights.forget_prompts, device=weights.device)
     if resolved.draft is not None:
         loaded.set_default_draft_model(resolved.draft, chosen, report)
     return loaded
@@ -95,8 +95,9 @@ class LoadedModel:
                  eos: frozenset[int] = frozenset(), entry: BackendEntry | None = None,
                  options: LoadOptions | None = None, cost_key: str = "", hf_model=None, exact: bool = False,
                  batched: Callable[[int], BatchedSequences] | None = None,
-                 forget_prompts: Callable[[], None] | None = None) -> None:
+                 forget_prompts: Callable[[], None] | None = None, device: str = "cpu") -> None:
         self.name = name
+        self.device = device  # where the weights are (cpu, cuda:0): the cost curve is measured there
         self.options = options or LoadOptions()
         self.entry = entry  # what the backend can do (None: a backend made outside the registry)
         self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
@@ -221,7 +222,7 @@ class LoadedModel:
         if self._costs is None:
             with self._costs_lock:
                 if self._costs is None:
-                    key = f"{self.name}-{self.backend_name}-{self.cost_key}-{machine_tag()}"
+                    key = f"{self.name}-{self.backend_name}-{self.cost_key}-{device_tag(self.device)}"
                     context = (self.codec.tokenizer(CALIBRATION_TEXT)["input_ids"] * 50)[:200]
                     with self.pool.lease() as backend:
                         self._costs = calibrated(key, backend, context)

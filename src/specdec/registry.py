@@ -203,6 +203,7 @@ class LoadedWeights:
     batched: Callable[[int], Any] | None = None
     # Forget the caches of earlier prompts the weights keep for reuse (a benchmark's cold start).
     forget_prompts: Callable[[], None] | None = None
+    device: str = "cpu"  # where the weights are (a full name: cpu, cuda:0): the cost curve is keyed by it
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ class BackendEntry:
     help: str
     load: Callable[[LoadRequest], LoadedWeights]
     dtypes: tuple[str, ...] = ("float32",)
-    devices: tuple[str, ...] = ("cpu",)
+    devices: tuple[str, ...] = ("cpu",)  # device kinds (specdec.devices.KINDS): cpu, cuda
     reads_gguf: bool = False
     batched: bool = False
     layer_access: bool = False

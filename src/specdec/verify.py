@@ -22,6 +22,7 @@ context token (the tree's root); row i + 1 to draft node i.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -43,7 +44,19 @@ def verify(
     if logits.shape[0] != n + 1:
         raise ValueError(f"expected {n + 1} rows of target logits for {n} draft tokens, got {logits.shape[0]}")
     by_choice = sampler.greedy or sampler.coupled or draft.q is None
-    if not draft.is_tree:
+    if reads_back_once(logits):
+        if by_choice:
+            depths = [0] + (trees.depths(draft.parents) if draft.is_tree else list(range(1, n + 1)))
+            chosen = sampler.target_tokens(logits, [position + d for d in depths])
+            if not draft.is_tree:
+                verdict = verify_by_choice(draft.tokens, chosen.__getitem__)
+            else:
+                verdict = verify_tree_by_choice(draft.tokens, draft.parents, lambda row, depth: chosen[row])
+        else:
+            p, q = _to_host(sampler.probs(logits), draft.q)
+            draft = dataclasses.replace(draft, q=q)
+            verdict = (verify_tree_rejection if draft.is_tree else verify_rejection)(draft, p, sampler, position)
+    elif not draft.is_tree:
         if by_choice:
             verdict = verify_by_choice(draft.tokens, lambda j: sampler.target_token(logits[j], position + j))
         else:
@@ -56,6 +69,13 @@ def verify(
     if record and n:
         _record(verdict, draft, logits, sampler)
     return verdict
+
+
+def reads_back_once(logits: torch.Tensor) -> bool:
+    """Whether a step reads what it needs from ``logits`` in one transfer (the target's token of
+    every row, or p and q) and decides on the host: on a GPU, where each value read back waits for
+    the device. On a CPU the target's token is computed only as far as the draft survives."""
+    return logits.device.type != "cpu"
 
 
 def verify_by_choice(tokens: list[int], target_token: Callable[[int], int]) -> Verdict:
@@ -138,6 +158,14 @@ def verify_tree_rejection(draft: Draft, p: torch.Tensor, sampler: Sampler, posit
             return Verdict([draft.tokens[i] for i in path] + [token], depth, bonus=False, path=path)
         path.append(accepted)
         node = accepted
+
+
+def _to_host(p: torch.Tensor, q: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """p and q on the host in one transfer."""
+    if q is None:
+        return p.cpu(), None
+    both = torch.cat([p, q.to(p.device, p.dtype)]).cpu()
+    return both[:len(p)], both[len(p):]
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,11 @@ from specdec.backends.base import Backend, check_extend, check_keep, check_trunc
 from specdec.errors import SpecdecError
 from specdec.registry import LoadedWeights, LoadRequest, backend
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Rows of every forward on a GPU with exact on: one shape for every forward, so each row's result
+# does not depend on how many rows came with it (a GPU picks its matmul kernel by shape). Where a
+# forward is memory-bound, 16 rows cost about what 1 does.
+PAD_ROWS = 16
 
 
 class HFBackend(Backend):
@@ -28,8 +32,9 @@ class HFBackend(Backend):
 
     MASK_STYLES = {"sdpa": "bool", "eager": "additive"}
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, pad_rows: int = 0) -> None:
         self.model = model
+        self.device = model.device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._layer_types = list(getattr(model.config, "layer_types", None) or [])
@@ -40,6 +45,10 @@ class HFBackend(Backend):
         self._mask_style = self.MASK_STYLES.get(getattr(model.config, "_attn_implementation", None) or "sdpa")
         self.supports_tree = self._mask_style is not None and set(self._layer_types) <= {
             "full_attention", "sliding_attention"}
+        # Padding crops the pad rows right after each forward, which recorded sliding layers cannot
+        # take back (see reset): models with sliding layers run unpadded.
+        self.pad_rows = 0 if self._sliding else pad_rows
+        self._unpadded = False  # set while a prefill runs (see prefill)
         self.reset()
 
     def reset(self) -> None:
@@ -98,7 +107,7 @@ class HFBackend(Backend):
         return getattr(self.model.config, "final_logit_softcapping", None)
 
     def _forward_body(self, tokens: list[int]) -> torch.Tensor:
-        ids = torch.tensor([tokens], dtype=torch.long)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             out = self.model.get_decoder()(input_ids=ids, past_key_values=self.cache, use_cache=True)
         self.tokens.extend(tokens)
@@ -133,16 +142,52 @@ class HFBackend(Backend):
         claimed = self._claim_pending(tokens if tree is None else [])
         if claimed is not None and len(claimed):
             return self._extend_claimed(list(tokens), claimed, last_only)
-        ids = torch.tensor([list(tokens)], dtype=torch.long)
         start = len(self.tokens)
+        if self.pad_rows and not self._unpadded:
+            logits = self._padded_forward(list(tokens), tree)
+            logits = logits[-1:] if last_only else logits
+        else:
+            logits = self._forward(list(tokens), start, last_only, tree)
+        self.tokens.extend(tokens)
+        self._last = (start, None if tree is None else list(tree))
+        return logits.float()
+
+    def _forward(self, tokens: list[int], start: int, last_only: bool, tree: Sequence[int] | None) -> torch.Tensor:
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         extra = {} if tree is None else self._tree_inputs(start, list(tree))
         with torch.inference_mode():
             # logits_to_keep=0 means "every position" in transformers.
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                              logits_to_keep=1 if last_only else 0, **extra)
-        self.tokens.extend(tokens)
-        self._last = (start, None if tree is None else list(tree))
-        return out.logits[0].float()
+        return out.logits[0]
+
+    def _padded_forward(self, tokens: list[int], tree: Sequence[int] | None) -> torch.Tensor:
+        """Forwards of exactly ``pad_rows`` rows: a chain in blocks (each block sees the ones before
+        it through the cache, as consecutive forwards do), filled with pad rows that no real row
+        attends to (after it causally, or beside the tree as roots of their own) and cropped from
+        the cache at once. A tree longer than a block goes in one forward of the next multiple of
+        it: a shape plain decoding never runs, so its rows may round differently."""
+        pad, out = self.pad_rows, []
+        blocks = [tokens[i:i + pad] for i in range(0, len(tokens), pad)] if tree is None else [tokens]
+        start = len(self.tokens)
+        for block in blocks:
+            fill = -len(block) % pad
+            padded_tree = None if tree is None else list(tree) + [-1] * fill
+            logits = self._forward(block + [block[-1]] * fill, start, False, padded_tree)
+            if fill:
+                self.cache.crop(-fill)
+            out.append(logits[:len(block)])
+            start += len(block)
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        # A prompt runs in one forward, padded or not: plain and speculative decoding prefill the
+        # same prompt the same way, and blocks of pad_rows would make a long prompt slow.
+        self._unpadded = True
+        try:
+            return super().prefill(tokens)
+        finally:
+            self._unpadded = False
 
     def _extend_claimed(self, tokens: list[int], claimed: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Extend whose first tokens' hidden states are already computed: the layers run only on
@@ -170,16 +215,16 @@ class HFBackend(Backend):
             # The window holds for ancestors too: a branch deeper than it forgets its own start.
             near = (positions[:, None] - positions[None, :]) < self._window
             masks["sliding_attention"] = torch.cat([visible, ancestors & near], dim=1)
-        masks = {kind: self._mask_format(m) for kind, m in masks.items()}
+        masks = {kind: self._mask_format(m.to(self.device)) for kind, m in masks.items()}
         mask = masks if self._layer_types and len(masks) > 1 else masks["full_attention"]
-        return {"attention_mask": mask, "position_ids": positions[None, :]}
+        return {"attention_mask": mask, "position_ids": positions[None, :].to(self.device)}
 
     def _mask_format(self, allowed: torch.Tensor) -> torch.Tensor:
         """``[n, kv]`` bool (True = may attend) as the attention implementation wants it, ``[1, 1, n, kv]``."""
         if self._mask_style == "bool":
             return allowed[None, None]
         dtype = self.model.dtype
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
     def truncate(self, length: int, keep: Sequence[int] | None = None) -> None:
         check_truncate(length, self.length)
@@ -212,7 +257,7 @@ class HFBackend(Backend):
         added = len(self.tokens) - start
         for layer in self.cache.layers:
             rows = layer.keys.shape[-2]
-            index = torch.tensor(list(range(rows - added)) + [rows - added + o for o in keep])
+            index = torch.tensor(list(range(rows - added)) + [rows - added + o for o in keep], device=layer.keys.device)
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
             if hasattr(layer, "cumulative_length"):
@@ -225,34 +270,43 @@ class HFBackend(Backend):
 
 
 @backend("transformers", "PyTorch through Hugging Face transformers (float32, or bfloat16 on CPUs with "
-                         "native bf16)", dtypes=tuple(DTYPES), layer_access=True, order=0)
+                         "native bf16; bfloat16 or float16 on a CUDA GPU)", dtypes=tuple(DTYPES),
+         devices=("cpu", "cuda"), layer_access=True, order=0)
 def load_transformers(request: LoadRequest) -> LoadedWeights:
-    """Load the safetensors cache; fp32 models get this machine's tuned matmul kernels."""
+    """Load the safetensors cache onto the device; fp32 models on a CPU get this machine's tuned
+    matmul kernels; on a GPU exact (the default there) pads every forward to one shape."""
     from transformers import AutoModelForCausalLM
 
-    from specdec import kernels
+    from specdec import devices, kernels
     from specdec.cpu import has_native_bf16, machine_tag
     from specdec.models import no_progress_bars
 
     dtype = DTYPES[request.dtype]
+    device = devices.resolve(request.options.device)
+    on_gpu = device != "cpu"
     if request.options.threads:
         torch.set_num_threads(request.options.threads)
-    if dtype == torch.bfloat16 and not has_native_bf16():
+    if on_gpu and dtype == torch.float32:
+        (request.report or _warn)("float32 on a GPU: --dtype bfloat16 (or float16) halves what every forward reads")
+    if not on_gpu and dtype != torch.float32 and not has_native_bf16():
         (request.report or _warn)("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bfloat16 runs "
                                   "emulated and is likely slower than float32")
     try:
         with no_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(request.resolved.hf_dir, dtype=dtype).eval()
+            model = AutoModelForCausalLM.from_pretrained(request.resolved.hf_dir, dtype=dtype).eval().to(device)
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"could not load model {request.resolved.name} from {request.resolved.hf_dir}: "
                            f"{exc}") from exc
     # bf16 kernels are already nearly flat in the row count and the rerouting did not help them
-    # (docs: benchmarks), so only fp32 models are tuned.
-    tune = request.tune_kernels and dtype == torch.float32
+    # (docs: benchmarks), so only fp32 models on a CPU are tuned.
+    tune = request.tune_kernels and dtype == torch.float32 and not on_gpu
     if tune:
         key = f"{request.resolved.name}-{dtype}-{machine_tag()}"
         kernels.install(model, kernels.tuned(model, key))
-    return LoadedWeights(lambda: HFBackend(model), f"{dtype}-{'tuned' if tune else 'stock'}", model)
+    pad = PAD_ROWS if on_gpu and request.exact is not False else 0
+    kernels_name = "tuned" if tune else f"padded{pad}" if pad else "stock"
+    return LoadedWeights(lambda: HFBackend(model, pad), f"{dtype}-{kernels_name}", model, exact=bool(pad),
+                         device=device)
 
 
 def _warn(message: str) -> None:

@@ -27,7 +27,7 @@ class HFMethod(Method):
     def run(self, prompt_ids, max_new_tokens, seed):
         import torch
 
-        ids = torch.tensor([prompt_ids])
+        ids = torch.tensor([prompt_ids], device=self.hf_model.device)
         kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
                       attention_mask=torch.ones_like(ids), **self.extra)
         s = self.options
@@ -45,10 +45,11 @@ class HFMethod(Method):
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = self.hf_model.generate(ids, **kwargs)
+            tokens = out[0, len(prompt_ids):].tolist()  # on a GPU: waits for the last forward
             wall = time.perf_counter() - t0
         finally:
             hook.remove()
-        return RunResult(out[0, len(prompt_ids):].tolist(), wall, peer_forwards=calls[0])
+        return RunResult(tokens, wall, peer_forwards=calls[0])
 
 
 def _parse(spec: str, args: list, pairs: dict, target: str | None) -> dict:
@@ -74,8 +75,10 @@ def _hf_model(context: PeerContext, name: str):
         import torch
         from transformers import AutoModelForCausalLM
 
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[context.dtype]
-        return AutoModelForCausalLM.from_pretrained(resolve(name).hf_dir, dtype=dtype).eval()
+        from specdec.backends.hf import DTYPES
+
+        device = getattr(context.model.loaded, "device", "cpu")  # the bench's target's device
+        return AutoModelForCausalLM.from_pretrained(resolve(name).hf_dir, dtype=DTYPES[context.dtype]).eval().to(device)
 
     return context.once(("hf", name), make)
 

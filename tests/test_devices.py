@@ -1,0 +1,188 @@
+"""Devices: the device option's forms and errors, the GPU path's pieces checked on a CPU (forwards
+padded to one shape, verification that reads a step's values back once), and the GPU check itself
+(``-m gpu``; skipped where PyTorch sees no CUDA device)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import specdec.verify
+from conftest import twin_rollback_walk
+from specdec import devices
+from specdec import tree as trees
+from specdec.backends.hf import HFBackend
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import DecodeConfig, decode
+from specdec.errors import SpecdecError
+from specdec.load_options import LoadOptions
+from specdec.policies.fixed import FixedK
+from specdec.sampling import Noise, Sampler, SamplingParams
+from specdec.types import Draft
+
+NO_GPU = devices.cuda_count() == 0
+
+
+# -- the option --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:0", "auto:1", "CUDA", ""])
+def test_a_device_is_cpu_cuda_cuda_n_or_auto(bad):
+    with pytest.raises(SpecdecError, match="must be cpu, cuda, cuda:N or auto"):
+        LoadOptions(device=bad).validate()
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_the_cost_curve_is_keyed_by_the_device():
+    from specdec.cpu import machine_tag
+
+    if NO_GPU:
+        assert devices.resolve("auto") == "cpu" and devices.kind("auto") == "cpu"
+    assert devices.resolve("cpu") == "cpu" and devices.device_tag("cpu") == machine_tag()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_gpu_that_is_not_there_is_refused_with_what_there_is(device):
+    with pytest.raises(SpecdecError, match=f"device {device} is not present: this machine has no CUDA device"):
+        LoadOptions(device=device).validate()
+
+
+def test_a_backend_refuses_a_device_kind_it_does_not_run_on(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_count", lambda: 1)
+    assert LoadOptions(backend="transformers", device="cuda").validate().device == "cuda"
+    with pytest.raises(SpecdecError, match="not available on the llamacpp backend: it runs on cpu"):
+        LoadOptions(backend="llamacpp", device="cuda:0").validate()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")
+def test_the_cli_says_which_devices_there_are_without_a_traceback(capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "hello", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda is not present" in err and "Traceback" not in err
+    assert main(["generate", "hello", "--device", "tpu"]) == 2
+    assert "--device must be cpu, cuda, cuda:N or auto" in capsys.readouterr().err
+
+
+# -- forwards of one shape ----------------------------------------------------------------------------
+def test_padded_forwards_roll_back_exactly_and_give_the_unpadded_logits(tiny_llama):
+    assert twin_rollback_walk(lambda: HFBackend(tiny_llama, pad_rows=4), 96, seed=5, steps=20) == 20
+    rng = random.Random(0)
+    padded, plain = HFBackend(tiny_llama, pad_rows=4), HFBackend(tiny_llama)
+    for _ in range(12):  # chains of 1 to 9 tokens: one block, or several
+        chunk = [rng.randrange(96) for _ in range(rng.randint(1, 9))]
+        got, want = padded.extend(chunk), plain.extend(chunk)
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-12, rtol=0)
+        assert padded.length == plain.length and padded.cache.get_seq_length() == plain.length  # pads cropped
+    last = padded.extend([7], last_only=True)
+    assert torch.allclose(last, plain.extend([7], last_only=True), atol=1e-12, rtol=0)
+
+
+def test_a_padded_tree_extend_scores_and_keeps_a_path_like_an_unpadded_one(tiny_llama):
+    parents = [-1, -1, 0, 0, 2]
+    tokens = [11, 12, 13, 14, 15]
+    padded, plain = HFBackend(tiny_llama, pad_rows=8), HFBackend(tiny_llama)
+    for backend in (padded, plain):
+        backend.extend([1, 5, 9, 5])
+    got, want = padded.extend(tokens, tree=parents), plain.extend(tokens, tree=parents)
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    path = trees.path_to(parents, 4)
+    for backend in (padded, plain):
+        backend.truncate(4, keep=path)
+    assert torch.allclose(padded.extend([3, 4]), plain.extend([3, 4]), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("k", [3, 6])
+def test_speculation_on_padded_forwards_equals_plain_decoding(tiny_llama, k):
+    prompt = [1, 5, 9, 5, 9, 5, 9, 11]
+    cfg = DecodeConfig(max_new_tokens=24, eos_token_ids=frozenset({2}))
+    plain = decode(HFBackend(tiny_llama, pad_rows=4), prompt, cfg)
+    for drafter in (NgramDrafter(), ModelDrafter(HFBackend(tiny_llama, pad_rows=4))):
+        spec = decode(HFBackend(tiny_llama, pad_rows=4), prompt, cfg, drafter, FixedK(k))
+        assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate == 1.0
+
+
+def test_models_with_sliding_layers_run_unpadded(tiny_gemma3):
+    assert HFBackend(tiny_gemma3, pad_rows=16).pad_rows == 0
+
+
+# -- verification that reads back once ----------------------------------------------------------------
+def _random_draft(rng: random.Random, vocab: int, tree: bool, with_q: bool) -> Draft:
+    n = rng.randint(0, 6)
+    parents = [rng.randint(-1, i - 1) for i in range(n)] if tree else None
+    q = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(rng.randrange(10**6))) * 3, -1) \
+        if with_q and n else None
+    return Draft([rng.randrange(vocab) for _ in range(n)], q=q, parents=parents if tree and n else None)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "coupled", "rejection"])
+@pytest.mark.parametrize("tree", [False, True])
+def test_reading_a_step_back_once_gives_the_same_verdicts(monkeypatch, mode, tree):
+    rng, vocab = random.Random(hash((mode, tree)) % 1000), 12
+    params = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.9, top_k=8, seed=3)
+    for case in range(150):
+        # Peaked logits with a few planted agreements, so drafts are accepted as often as rejected.
+        draft = _random_draft(rng, vocab, tree, with_q=mode == "rejection")
+        logits = torch.randn(len(draft) + 1, vocab, generator=torch.Generator().manual_seed(case)) * 4
+        for i, token in enumerate(draft.tokens):
+            if rng.random() < 0.7:
+                parent = draft.parents[i] if draft.parents else i - 1
+                logits[parent + 1, token] += 8
+        verdicts = []
+        for once in (False, True):
+            monkeypatch.setattr(specdec.verify, "reads_back_once", lambda _logits, once=once: once)
+            sampler = Sampler(params, verify="rejection" if mode == "rejection" else "coupled")
+            verdicts.append(specdec.verify.verify(draft, logits, sampler, position=40 + case))
+        lazy, once = verdicts
+        assert (lazy.tokens, lazy.num_accepted, lazy.bonus, lazy.path) == \
+            (once.tokens, once.num_accepted, once.bonus, once.path)
+
+
+def test_the_targets_tokens_of_a_step_equal_the_ones_chosen_row_by_row():
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(1))
+    for params in (SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9, seed=5)):
+        sampler = Sampler(params)
+        positions = [9, 10, 11, 11, 12, 13, 10]
+        assert sampler.target_tokens(logits, positions) == \
+            [sampler.target_token(row, pos) for row, pos in zip(logits, positions)]
+    assert Noise.TARGET == 0
+
+
+# -- the GPU check --------------------------------------------------------------------------------------
+def test_the_gpu_check_runs_end_to_end_on_a_cpu_at_toy_size(tmp_path):
+    """The script the GPU machine runs, at toy size on this CPU: so it is known to run before a GPU
+    minute is spent on it (the real run: ``-m gpu`` below, or ``scripts/gpu_check.py``)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu-check"
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--toy", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    for arch in report["architectures"].values():
+        assert arch["self_draft"]["identical"] and arch["self_draft"]["acceptance_rate"] == 1.0
+        assert set(arch["cost_ms"]) >= {"1", "16"}
+    assert report["expected_speedups"], report
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_GPU, reason="no CUDA device: PyTorch sees none on this machine")
+def test_the_gpu_check_on_the_gpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu-check"
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cuda", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    qwen = report["architectures"]["qwen2.5-coder-1.5b"]
+    assert qwen["cost_ms"]["16"] <= 1.3 * qwen["cost_ms"]["1"]
+    for arch in report["architectures"].values():
+        assert arch["self_draft"]["identical"] and arch["self_draft"]["acceptance_rate"] == 1.0
