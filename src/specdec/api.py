@@ -88,21 +88,15 @@ class Model:
         layers through the matmul formulation measured fastest on this machine
         (:mod:`specdec.kernels`; undo with ``model.loaded.kernel_tuning.undo()``).
         """
-        import torch
-
-        from specdec import kernels
-        from specdec.backends.hf import HFBackend
-        from specdec.cpu import machine_tag
+        from specdec.backends.hf import prepared
         from specdec.registry import BACKENDS
 
-        tune = tune_kernels and hf_model.dtype == torch.float32 and hf_model.device.type == "cpu"
-        loaded = LoadedModel(name, tokenizer, lambda: HFBackend(hf_model),
+        weights, loaded_kernels = prepared(hf_model, name, tune_kernels)
+        loaded = LoadedModel(name, tokenizer, weights.make_backend,
                              eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
-                             entry=BACKENDS.get("transformers"),
-                             cost_key=f"{hf_model.dtype}-{'tuned' if tune else 'stock'}", hf_model=hf_model,
-                             device=str(hf_model.device))
-        loaded.kernel_tuning = (kernels.install(hf_model, kernels.tuned(hf_model, f"{name}-{hf_model.dtype}-"
-                                                                         f"{machine_tag()}")) if tune else None)
+                             entry=BACKENDS.get("transformers"), cost_key=weights.cost_key, hf_model=hf_model,
+                             device=weights.device)
+        loaded.kernel_tuning = loaded_kernels
         return cls(loaded)
 
     # -- what a caller of generate reads ------------------------------------------------------------

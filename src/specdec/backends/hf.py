@@ -277,8 +277,8 @@ def load_transformers(request: LoadRequest) -> LoadedWeights:
     matmul kernels; on a GPU exact (the default there) pads every forward to one shape."""
     from transformers import AutoModelForCausalLM
 
-    from specdec import devices, kernels
-    from specdec.cpu import has_native_bf16, machine_tag
+    from specdec import devices
+    from specdec.cpu import has_native_bf16
     from specdec.models import no_progress_bars
 
     dtype = DTYPES[request.dtype]
@@ -297,16 +297,26 @@ def load_transformers(request: LoadRequest) -> LoadedWeights:
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"could not load model {request.resolved.name} from {request.resolved.hf_dir}: "
                            f"{exc}") from exc
+    pad = PAD_ROWS if on_gpu and request.exact is not False else 0
+    return prepared(model, request.resolved.name, request.tune_kernels, pad)[0]
+
+
+def prepared(model, name: str, tune_kernels: bool, pad: int = 0):
+    """``model`` ready to run: its :class:`LoadedWeights` (sequences padded to ``pad`` rows, see
+    :data:`PAD_ROWS`) and, when ``tune_kernels`` applies, the handle of its tuned matmul kernels
+    (``.undo()`` restores them; None when untouched)."""
+    from specdec import kernels
+    from specdec.cpu import machine_tag
+
     # bf16 kernels are already nearly flat in the row count and the rerouting did not help them
     # (docs: benchmarks), so only fp32 models on a CPU are tuned.
-    tune = request.tune_kernels and dtype == torch.float32 and not on_gpu
-    if tune:
-        key = f"{request.resolved.name}-{dtype}-{machine_tag()}"
-        kernels.install(model, kernels.tuned(model, key))
-    pad = PAD_ROWS if on_gpu and request.exact is not False else 0
+    tune = tune_kernels and model.dtype == torch.float32 and model.device.type == "cpu"
+    key = f"{name}-{model.dtype}-{machine_tag()}"
+    installed = kernels.install(model, kernels.tuned(model, key)) if tune else None
     kernels_name = "tuned" if tune else f"padded{pad}" if pad else "stock"
-    return LoadedWeights(lambda: HFBackend(model, pad), f"{dtype}-{kernels_name}", model, exact=bool(pad),
-                         device=device)
+    weights = LoadedWeights(lambda: HFBackend(model, pad), f"{model.dtype}-{kernels_name}", model, exact=bool(pad),
+                            device=str(model.device))
+    return weights, installed
 
 
 def _warn(message: str) -> None:

@@ -66,6 +66,10 @@ class ModelSpec:
     save_every: float = 60.0  # seconds between memory saves
     torch_threads: int | None = None
 
+    def __post_init__(self) -> None:
+        # Refused here, in the driver, rather than in each replica after its model has loaded.
+        check_memory_sharing(self.memory, self.config.shared_index, spell=str)
+
 
 # -- memory: one file per replica rank -------------------------------------------------------------
 def replica_memory_file(memory: str, rank: int) -> str:
@@ -106,7 +110,6 @@ class ModelReplica:
         model = specdec.load(spec.model, **spec.load)
         draft = specdec.load(spec.draft_model, **spec.load) if spec.draft_model else None
         self.memory_file = None
-        check_memory_sharing(spec.memory, spec.config.shared_index, spell=str)
         if spec.memory:
             model.loaded.enable_memory(memory_start(spec.memory, self.rank))
             self.memory_file = replica_memory_file(spec.memory, self.rank)
