@@ -29,7 +29,9 @@ from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 
+MAX_CANDIDATES = 256  # latest occurrences of a context's n-gram whose match lengths are compared
 MAX_MATCH = 32  # how far back a match is measured; longer ones predict no better
+BEYOND_PENALTY = 1.0  # log-odds lost per span of the context's match the draft has gone past
 WIDTH = 3  # most children a tree node gets (the most frequent continuations)
 
 
@@ -51,10 +53,12 @@ class NgramDrafter(Drafter):
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
         self._index: dict[tuple[int, ...], list[int]] = {}
+        self._start = (-1, 0)  # (context length, its match length) of the last draft's start
 
     def begin(self, prompt, sampler) -> None:
         super().begin(prompt, sampler)
         self._seq, self._index = [], {}
+        self._start = (-1, 0)
         self._prompt_len = len(prompt)
 
     def close(self) -> None:
@@ -67,13 +71,20 @@ class NgramDrafter(Drafter):
         if self.tree:
             return self._propose_tree(k)
         draft, features, confidence = [], [], []
+        # The occurrences with the context's longest match are followed token by token (a suffix
+        # tree's deepest node): in code, a 4-gram's most frequent continuation is often another
+        # function's, while the longest match is the stretch being copied.
+        group, start = self._longest_matches()
         # Token by token, so that drafting stops where the policy says the chain no longer pays
         # (most steps on a CPU); a walk of the index is a few dictionary lookups a token.
         while len(draft) < k:
-            found = self.continuations(draft)
-            if not found:
-                break
-            token, feats = found[0]
+            if group:
+                token, feats, group = self._follow(group, start, draft)
+            else:
+                found = self.continuations(draft)
+                if not found:
+                    break
+                token, feats = found[0]
             draft.append(token)
             features.append(feats)
             confidence.append(self.table.estimate(feats))
@@ -118,6 +129,7 @@ class NgramDrafter(Drafter):
         seq = self._seq
         if len(tokens) < len(seq) or list(tokens[:len(seq)]) != seq:
             self._seq, self._index = [], {}
+            self._start = (-1, 0)
             seq = self._seq
         for tok in tokens[len(seq):]:
             seq.append(tok)
@@ -134,7 +146,9 @@ class NgramDrafter(Drafter):
         """
         seq = self._seq
         tail = (seq[-self.max_ngram:] + draft)[-self.max_ngram:]
-        out: list[tuple[int, tuple[int, int, int]]] = []
+        start = self._start_match()
+        beyond = 0 if len(draft) < start else (1 if len(draft) < 2 * start else 2)
+        out: list[tuple[int, tuple[int, ...]]] = []
         seen: set[int] = set()
         for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
             ends = [e for e in self._index.get(tuple(tail[-n:]), ()) if e < len(seq)]
@@ -150,27 +164,72 @@ class NgramDrafter(Drafter):
                 if token not in seen:
                     seen.add(token)
                     match = n if n < self.max_ngram else self._match_length(latest[token], draft)
-                    out.append((token, (match, counts[token] * 100 // len(ends), counts[token])))
+                    out.append((token, (match, counts[token] * 100 // len(ends), counts[token], 0, beyond)))
             if not every_level:
                 break
         if self.memory is not None:
             # Earlier outputs go first when their best candidate is likelier than the context's
             # (e.g. a 4-gram remembered vs a unigram match here), otherwise they only add branches.
-            remembered = self._remembered((seq[-self.memory.max_ngram:] + draft)[-self.memory.max_ngram:], seen)
+            remembered = self._remembered((seq[-self.memory.max_ngram:] + draft)[-self.memory.max_ngram:], seen, beyond)
             if remembered and (not out or self.table.estimate(remembered[0][1]) > self.table.estimate(out[0][1])):
                 out = remembered + out
             elif every_level:
                 out += remembered
         return out
 
-    def _remembered(self, tail: list[int], seen: set[int]) -> list[tuple[int, tuple[int, int, int, int]]]:
+    def _longest_matches(self) -> tuple[list[int], int]:
+        """The earlier occurrences (their ends) of the context's longest matching suffix, if it is
+        at least ``max_ngram`` tokens long, and its length (at most MAX_MATCH)."""
+        seq = self._seq
+        if len(seq) < self.max_ngram:
+            return [], 0
+        ends = [e for e in self._index.get(tuple(seq[-self.max_ngram:]), ()) if e < len(seq)][-MAX_CANDIDATES:]
+        if not ends:
+            return [], 0
+        lengths = [self._match_length(e, []) for e in ends]
+        best = max(lengths)
+        return [e for e, n in zip(ends, lengths) if n == best], best
+
+    def _follow(self, group: list[int], start: int, draft: list[int]) -> tuple[int, tuple[int, ...], list[int]]:
+        """The next draft token along ``group`` (occurrences matching the context plus ``draft``):
+        the most frequent continuation, the latest on ties; its features; the occurrences that
+        continue with it."""
+        seq, i = self._seq, len(draft)
+        # An occurrence may run into the context's own end (a repeating pattern): the draft continues it.
+        at = [seq[e + i] if e + i < len(seq) else draft[e + i - len(seq)] for e in group]
+        counts: dict[int, int] = {}
+        for tok in at:
+            counts[tok] = counts.get(tok, 0) + 1
+        token = max(counts, key=lambda t: (counts[t], max(e for e, a in zip(group, at) if a == t)))
+        beyond = 0 if i < start else (1 if i < 2 * start else 2)
+        feats = (min(start + i, MAX_MATCH), counts[token] * 100 // len(at), counts[token], 0, beyond)
+        return token, feats, [e for e, a in zip(group, at) if a == token]
+
+    def _start_match(self) -> int:
+        """How long the context's own match is (the longest earlier occurrence of its last tokens,
+        draft excluded): SuffixDecoding's evidence for how far a copy goes on."""
+        if self._start[0] != len(self._seq):
+            found = self.continuations_of_context()
+            self._start = (len(self._seq), found)
+        return self._start[1]
+
+    def continuations_of_context(self) -> int:
+        seq = self._seq
+        tail = seq[-self.max_ngram:]
+        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
+            ends = [e for e in self._index.get(tuple(tail[-n:]), ()) if e < len(seq)]
+            if ends:
+                return n if n < self.max_ngram else max(self._match_length(e, []) for e in ends[-8:])
+        return 0
+
+    def _remembered(self, tail: list[int], seen: set[int], beyond: int = 0) -> list[tuple[int, tuple[int, ...]]]:
         """Continuations of ``tail`` in earlier generations (features flagged as remembered)."""
         found = self.memory.lookup(tail)
         if found is None:
             return []
         n, counts = found
         total = sum(counts.values())
-        return [(token, (n, counts[token] * 100 // total, counts[token], 1))
+        return [(token, (n, counts[token] * 100 // total, counts[token], 1, beyond))
                 for token in sorted(counts, key=counts.get, reverse=True) if token not in seen]
 
     def _match_length(self, end: int, draft: list[int]) -> int:
@@ -185,11 +244,12 @@ class NgramDrafter(Drafter):
         return n
 
 
-def ngram_bucket(feats: tuple[int, ...]) -> tuple[int, int, int, int]:
+def ngram_bucket(feats: tuple[int, ...]) -> tuple[int, int, int, int, int]:
     match, agreement, count = feats[:3]
     remembered = feats[3] if len(feats) > 3 else 0
+    beyond = feats[4] if len(feats) > 4 else 0
     return (min(match, 4) if match < 5 else (5 if match < 8 else (6 if match < 16 else 7)),
-            2 if agreement == 100 else (1 if agreement >= 50 else 0), min(count, 3), remembered)
+            2 if agreement == 100 else (1 if agreement >= 50 else 0), min(count, 3), remembered, beyond)
 
 
 def ngram_prior(feats: tuple[int, ...]) -> float:
@@ -198,7 +258,7 @@ def ngram_prior(feats: tuple[int, ...]) -> float:
     remembered from another generation starts from the same guess, in buckets of its own."""
     match, agreement, count = feats[:3]
     z = (-4.222 + 1.289 * math.log(match) + 2.079 * agreement / 100 + 1.584 * (agreement == 100)
-         + 1.24 * math.log(count))
+         + 1.24 * math.log(count) - BEYOND_PENALTY * (feats[4] if len(feats) > 4 else 0))
     return 1.0 / (1.0 + math.exp(-z))
 
 
