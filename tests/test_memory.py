@@ -14,22 +14,35 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
 
 
-def test_lookup_finds_the_longest_remembered_suffix():
-    memory = NgramMemory(max_ngram=3)
+def test_lookup_finds_the_longest_remembered_match():
+    memory = NgramMemory(key=2)
     memory.add([1, 2, 3, 4, 1, 2, 5])
-    assert memory.lookup([9, 1, 2]) == (2, {3: 1, 5: 1})
+    assert memory.lookup([9, 1, 2]) == (2, {3: 1, 5: 1})  # two matches of length 2, both continuations
+    assert memory.lookup([4, 1, 2]) == (3, {5: 1})  # the longer match alone
     assert memory.lookup([2, 3]) == (2, {4: 1})
     assert memory.lookup([7, 7]) is None
-    assert memory.lookup([3]) is None  # shorter than the smallest n-gram kept
+    assert memory.lookup([3]) is None  # shorter than the key n-gram
+    assert memory.lookup([1, 2, 5]) is None  # the output ends there: nothing to copy
 
 
-def test_capacity_drops_the_least_recently_used():
-    memory = NgramMemory(max_ngram=2, capacity=3)
-    memory.add([1, 2, 3, 4, 5])  # n-grams (1,2) (2,3) (3,4): (1,2) is the oldest
-    assert len(memory) == 3
-    assert memory.lookup([1, 2]) is not None  # touching it makes (2,3) the oldest
-    memory.add([7, 8, 9])
-    assert memory.lookup([2, 3]) is None and memory.lookup([1, 2]) is not None and len(memory) == 3
+def test_matches_follow_the_remembered_output():
+    memory = NgramMemory(key=2)
+    memory.add([10, 11, 12, 13, 14])
+    found, n = memory.matches([7, 11, 12])
+    assert n == 2 and [list(tokens[end:]) for tokens, end in found] == [[13, 14]]
+
+
+def test_capacity_forgets_the_oldest_output_first():
+    memory = NgramMemory(capacity=8, key=2)
+    memory.add([1, 2, 3, 4, 5])
+    memory.add([6, 7, 8])
+    assert len(memory) == 8 and memory.outputs == 2
+    memory.add([1, 2, 9])  # 11 tokens: the first output goes, with its index entries
+    assert len(memory) == 6 and memory.outputs == 2
+    assert memory.lookup([1, 2]) == (2, {9: 1}) and memory.lookup([3, 4]) is None
+    assert memory.lookup([6, 7]) == (2, {8: 1})
+    with pytest.raises(SpecdecError):
+        NgramMemory(capacity=0)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -39,6 +52,7 @@ def test_save_and_load_round_trip(tmp_path):
     memory.save(path)
     again = NgramMemory.load(path)
     assert again.lookup([5, 6, 7]) == memory.lookup([5, 6, 7]) == (3, {8: 1, 10: 1})
+    assert len(again) == len(memory) == 9
     assert len(NgramMemory.load(tmp_path / "missing.json")) == 0
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(SpecdecError, match="not a usable memory file"):

@@ -22,7 +22,8 @@ def problems() -> list[dict]:
 
 
 def test_the_shipped_sets_load_by_name_with_their_licences():
-    assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit", "humaneval-repair", "spec-bench-2turn"]
+    assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit", "humaneval-repair", "spec-bench-2turn",
+                                  "humaneval-files"]
     prompts = resources.files("specdec.data").joinpath("prompts")
     assert "Apache License" in prompts.joinpath("spec_bench.LICENSE").read_text()
     assert "MIT License" in prompts.joinpath("humaneval.LICENSE").read_text()
@@ -32,6 +33,18 @@ def test_the_shipped_sets_load_by_name_with_their_licences():
     assert len(counts) == 13 and counts["summarization"] == 40 and counts["writing"] == 5
     assert all(q.prompt.strip() for q in spec)
     assert len(load_questions("humaneval")) == len(load_questions("humaneval-edit")) == len(problems()) == 82
+
+
+def test_file_questions_ask_about_every_function_of_a_file_with_the_file_in_the_prompt():
+    rows = problems()
+    questions = load_questions("humaneval-files")
+    assert len(questions) == (len(rows) // 4) * 4 * 3 and {q.category for q in questions} == {"files"}
+    first = [q for q in questions if q.question_id.startswith("file0:")]
+    assert len(first) == 12 and len({q.prompt.split("```")[1] for q in first}) == 1  # one file, twelve asks
+    for row in rows[:4]:
+        assert row["canonical_solution"].strip() in first[0].prompt
+    assert first[0].question_id == f"file0:{rows[0]['entry_point']}:explain"
+    assert f"`{rows[0]['entry_point']}`" in first[0].prompt.split("```")[-1]
 
 
 def test_humaneval_asks_to_complete_the_function_in_a_code_block():
@@ -105,7 +118,7 @@ def test_categories_and_limit_select_the_first_questions_of_each_in_file_order()
 
 
 @pytest.mark.parametrize("source, message", [
-    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn or a path"),
+    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files or a path"),
     ("missing/q.jsonl", "questions file not found: missing/q.jsonl"),
     ("q.jsonl", "questions file not found: q.jsonl"),
 ])
@@ -148,7 +161,7 @@ def test_no_question_in_the_categories_names_the_ones_there():
 
 @pytest.mark.parametrize("argv, message", [
     (["--questions", "humaneval-edits"], "error: unknown prompt set 'humaneval-edits'"),
-    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn or FILE.jsonl)"),
+    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files or FILE.jsonl)"),
 ])
 def test_bench_refuses_a_bad_set_in_one_line_before_loading(capsys, tmp_path, tiny_model_dir, no_loading, argv,
                                                              message):

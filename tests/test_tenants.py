@@ -68,6 +68,27 @@ def test_the_server_keeps_tenants_apart_unless_it_shares_the_index(model, shared
         assert len(b_index) > 0 and len(a_index) == 0 and len(loaded.memory) == 0
 
 
+@pytest.mark.parametrize("index_tokens", [0, 500])
+def test_a_server_keeps_an_index_per_tenant_bounded_by_its_setting(tiny_model_dir, index_tokens):
+    import specdec
+
+    model = specdec.load(str(tiny_model_dir))
+    Server(model, config=ServeConfig(slots=1, max_tokens=12, index_tokens=index_tokens))
+    loaded = model.loaded
+    if not index_tokens:  # off: each request drafts from its own prompt and answer alone
+        assert loaded.memory is None and loaded.tenant_state(tenant("x"))[0] is None
+        return
+    assert loaded.memory.capacity == loaded.tenant_state(tenant("x"))[0].capacity == index_tokens
+    plain = model.generate(PROMPT, max_new_tokens=40, drafter="none")
+    first = model.generate(PROMPT, max_new_tokens=40, policy="fixed", num_draft=8, tenant=tenant("x"))
+    again = model.generate(PROMPT, max_new_tokens=40, policy="fixed", num_draft=8, tenant=tenant("x"))
+    other = model.generate(PROMPT, max_new_tokens=40, policy="fixed", num_draft=8, tenant=tenant("y"))
+    assert again.token_ids == first.token_ids == other.token_ids == plain.token_ids
+    # The same tenant's repeat copies its first answer; another tenant's drafts as the first did.
+    assert again.stats.accepted > first.stats.accepted == other.stats.accepted
+    assert len(loaded.tenant_state(tenant("x"))[0]) <= index_tokens
+
+
 def test_a_memory_file_on_a_server_needs_a_shared_index(capsys):
     from specdec.cli import main
     from specdec.server.settings import settings_from

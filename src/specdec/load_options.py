@@ -69,6 +69,10 @@ SERVE: tuple[Option, ...] = (
                                         "index, SuffixDecoding's global tree); by default each API key has its own "
                                         "and a request without a key only its own text, since how fast an answer "
                                         "comes tells whether someone else wrote the same text", scope="serve"),
+    Option("index_tokens", int, 200_000, "tokens of earlier outputs each index keeps for the n-gram drafters to "
+                                         "copy (one per API key, or one with --shared-index; the oldest output goes "
+                                         "first; about 100 bytes a token; 0: no index of earlier outputs)",
+           at_least(0), metavar="N", scope="serve"),
 )
 
 Spell = Callable[[str], str]  # a setting as a front end names it (--max-tokens, max_tokens)
@@ -139,6 +143,7 @@ class ServeOptions:
     max_tokens: int = _spec(SERVE, "max_tokens").default
     batch: bool | None = _spec(SERVE, "batch").default
     shared_index: bool = _spec(SERVE, "shared_index").default
+    index_tokens: int = _spec(SERVE, "index_tokens").default
 
     def validate(self, spell: Spell = str) -> ServeOptions:
         _checked(SERVE, asdict(self), spell)

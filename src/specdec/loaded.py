@@ -20,7 +20,7 @@ from specdec.backends.base import Backend, BatchedSequences
 from specdec.context import DraftContext, Learned
 from specdec.costs import CostModel, calibrated
 from specdec.devices import device_tag
-from specdec.drafting.memory import NgramMemory
+from specdec.drafting.memory import DEFAULT_CAPACITY, NgramMemory
 from specdec.errors import SpecdecError
 from specdec.load_options import LoadOptions
 from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve
@@ -169,9 +169,9 @@ class LoadedModel:
             self._forget_prompts()
 
     # -- what drafters use --------------------------------------------------------------------------
-    def enable_memory(self, path: str | None = None, capacity: int = 200_000) -> NgramMemory:
+    def enable_memory(self, path: str | None = None, capacity: int = DEFAULT_CAPACITY) -> NgramMemory:
         """Let the n-gram drafters draft from this model's earlier outputs too (bounded to
-        ``capacity`` n-grams); with ``path``, start from a saved memory (save it with
+        ``capacity`` tokens of outputs, the oldest forgotten first); with ``path``, start from a saved memory (save it with
         ``model.memory.save(path)``)."""
         self.memory = NgramMemory.load(path, capacity) if path else NgramMemory(capacity=capacity)
         return self.memory
@@ -191,7 +191,7 @@ class LoadedModel:
             if found is None:
                 memory = None
                 if self.memory is not None:
-                    memory = NgramMemory(self.memory.max_ngram, self.memory.capacity, self.memory.min_ngram)
+                    memory = NgramMemory(self.memory.capacity, self.memory.key)
                 found = self._tenants[tenant] = (memory, Learned())
                 while len(self._tenants) > MAX_TENANTS:
                     self._tenants.popitem(last=False)

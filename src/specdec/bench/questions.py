@@ -16,6 +16,10 @@ The shipped sets (``src/specdec/data/prompts``, with their licences beside them)
 - ``humaneval-repair``: the same problems as an agent's repair loop (category ``repair``): the
   model writes the function, its tests run, the failure goes back and the model revises, up to 3
   answers (:class:`specdec.bench.conversations.RepairLoop`).
+- ``humaneval-files``: questions about "files" of four HumanEval functions each (category
+  ``files``): explain a function, write its tests, review it (:func:`file_questions`). A server's
+  load test sends them in rounds, several clients asking about the same files in turn, where an
+  index of earlier outputs pays across requests.
 - ``spec-bench-2turn``: Spec-Bench's 40 two-turn conversations (MT-Bench's 8 categories), the
   second question asked with the first answer in the context.
 
@@ -252,6 +256,32 @@ def _edit_set(rows: list[dict]) -> list[Question]:
     return [edit_question(row, i) for i, row in enumerate(rows)]
 
 
+FILE_SIZE = 4  # functions per file of humaneval-files
+FILE_ASKS = (
+    ("explain", "Explain what `{name}` in this file does, step by step, quoting the lines you explain."),
+    ("tests", "Write pytest tests for `{name}` in this file, covering its edge cases."),
+    ("review", "Review `{name}` in this file: point out anything that could be clearer or faster, and show "
+               "the improved function."),
+)
+
+
+def file_questions(rows: list[dict]) -> list[Question]:
+    """HumanEval's functions grouped in files of :data:`FILE_SIZE` (``prompt`` +
+    ``canonical_solution`` each), and for every function of a file each of :data:`FILE_ASKS`,
+    the whole file in the prompt. Question ids are ``FILE:FUNCTION:ASK``."""
+    questions = []
+    for start in range(0, len(rows) - FILE_SIZE + 1, FILE_SIZE):
+        group = rows[start:start + FILE_SIZE]
+        code = "\n\n".join(_code(_text(row, "prompt") + _text(row, "canonical_solution")).strip() for row in group)
+        name = f"file{start // FILE_SIZE}"
+        for row in group:
+            func = _text(row, "entry_point")
+            for ask, template in FILE_ASKS:
+                prompt = f"```python\n{code}\n```\n\n{template.format(name=func)}"
+                questions.append(Question(f"{name}:{func}:{ask}", "files", prompt))
+    return questions
+
+
 def _spec_bench_set(rows: list[dict]) -> list[Question]:
     return [spec_bench_question(row) for row in rows]
 
@@ -285,4 +315,5 @@ SETS: dict[str, tuple[str, Callable[[list[dict]], list[Question]]]] = {
     "humaneval-edit": ("humaneval.jsonl", _edit_set),
     "humaneval-repair": ("humaneval.jsonl", _repair_set),
     "spec-bench-2turn": ("spec_bench.jsonl", _two_turn_set),
+    "humaneval-files": ("humaneval.jsonl", file_questions),
 }

@@ -103,7 +103,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     from specdec.server.settings import ServeConfig
 
     return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch,
-                       shared_index=args.shared_index)
+                       shared_index=args.shared_index, index_tokens=args.index_tokens)
 
 
 def run(args: argparse.Namespace) -> int:

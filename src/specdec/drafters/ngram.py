@@ -24,13 +24,13 @@ from specdec.context import LearnedSlot
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_first_tree
-from specdec.drafting.memory import NgramMemory
+from specdec.drafting.memory import MAX_MATCH, NgramMemory, Occurrence
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 
 MAX_CANDIDATES = 256  # latest occurrences of a context's n-gram whose match lengths are compared
-MAX_MATCH = 32  # how far back a match is measured; longer ones predict no better
+# How far back a match is measured (the memory's too, so that the two compare)
 BEYOND_PENALTY = 1.0  # log-odds lost per span of the context's match the draft has gone past
 WIDTH = 3  # most children a tree node gets (the most frequent continuations)
 
@@ -74,13 +74,15 @@ class NgramDrafter(Drafter):
         # The occurrences with the context's longest match are followed token by token (a suffix
         # tree's deepest node): in code, a 4-gram's most frequent continuation is often another
         # function's, while the longest match is the stretch being copied.
-        group, start = self._longest_matches()
+        group, start, remembered = self._longest_matches()
         # Token by token, so that drafting stops where the policy says the chain no longer pays
         # (most steps on a CPU); a walk of the index is a few dictionary lookups a token.
         while len(draft) < k:
-            if group:
-                token, feats, group = self._follow(group, start, draft)
+            followed = self._follow(group, start, remembered, draft) if group else None
+            if followed is not None:
+                token, feats, group = followed
             else:
+                group = []
                 found = self.continuations(draft)
                 if not found:
                     break
@@ -170,40 +172,60 @@ class NgramDrafter(Drafter):
         if self.memory is not None:
             # Earlier outputs go first when their best candidate is likelier than the context's
             # (e.g. a 4-gram remembered vs a unigram match here), otherwise they only add branches.
-            remembered = self._remembered((seq[-self.memory.max_ngram:] + draft)[-self.memory.max_ngram:], seen, beyond)
+            remembered = self._remembered((seq[-MAX_MATCH:] + draft)[-MAX_MATCH:], seen, beyond)
             if remembered and (not out or self.table.estimate(remembered[0][1]) > self.table.estimate(out[0][1])):
                 out = remembered + out
             elif every_level:
                 out += remembered
         return out
 
-    def _longest_matches(self) -> tuple[list[int], int]:
-        """The earlier occurrences (their ends) of the context's longest matching suffix, if it is
-        at least ``max_ngram`` tokens long, and its length (at most MAX_MATCH)."""
+    def _longest_matches(self) -> tuple[list[Occurrence], int, int]:
+        """The occurrences of the context's longest earlier match, in the context itself (at least
+        ``min_ngram`` tokens) or in the memory of earlier outputs, whichever is longer (the
+        context on ties); its length (at most MAX_MATCH) and whether it is remembered."""
         seq = self._seq
-        if len(seq) < self.max_ngram:
-            return [], 0
-        ends = [e for e in self._index.get(tuple(seq[-self.max_ngram:]), ()) if e < len(seq)][-MAX_CANDIDATES:]
-        if not ends:
-            return [], 0
-        lengths = [self._match_length(e, []) for e in ends]
-        best = max(lengths)
-        return [e for e, n in zip(ends, lengths) if n == best], best
+        group: list[Occurrence] = []
+        best = 0
+        for n in range(min(self.max_ngram, len(seq)), self.min_ngram - 1, -1):
+            ends = [e for e in self._index.get(tuple(seq[-n:]), ()) if e < len(seq)][-MAX_CANDIDATES:]
+            if not ends:
+                continue
+            if n < self.max_ngram:
+                best, group = n, [(seq, e) for e in ends]
+            else:
+                lengths = [self._match_length(e, []) for e in ends]
+                best = max(lengths)
+                group = [(seq, e) for e, m in zip(ends, lengths) if m == best]
+            break
+        if self.memory is not None:
+            remembered, n = self.memory.matches(seq[-MAX_MATCH:])
+            if n > best:
+                return remembered, n, 1
+        return group, best, 0
 
-    def _follow(self, group: list[int], start: int, draft: list[int]) -> tuple[int, tuple[int, ...], list[int]]:
+    def _follow(self, group: list[Occurrence], start: int, remembered: int,
+                draft: list[int]) -> tuple[int, tuple[int, ...], list[Occurrence]] | None:
         """The next draft token along ``group`` (occurrences matching the context plus ``draft``):
         the most frequent continuation, the latest on ties; its features; the occurrences that
-        continue with it."""
+        continue with it. None where every occurrence has ended."""
         seq, i = self._seq, len(draft)
-        # An occurrence may run into the context's own end (a repeating pattern): the draft continues it.
-        at = [seq[e + i] if e + i < len(seq) else draft[e + i - len(seq)] for e in group]
+        at: list[tuple[int, Occurrence]] = []
+        for src, e in group:
+            if e + i < len(src):
+                at.append((src[e + i], (src, e)))
+            elif src is seq:  # running into the context's own end (a repeating pattern): the draft continues it
+                at.append((draft[e + i - len(seq)], (src, e)))
+        if not at:
+            return None
         counts: dict[int, int] = {}
-        for tok in at:
+        for tok, _ in at:
             counts[tok] = counts.get(tok, 0) + 1
-        token = max(counts, key=lambda t: (counts[t], max(e for e, a in zip(group, at) if a == t)))
+        # The latest occurrence's on ties (a group lists the oldest first).
+        top = max(counts.values())
+        token = next(tok for tok, _ in reversed(at) if counts[tok] == top)
         beyond = 0 if i < start else (1 if i < 2 * start else 2)
-        feats = (min(start + i, MAX_MATCH), counts[token] * 100 // len(at), counts[token], 0, beyond)
-        return token, feats, [e for e, a in zip(group, at) if a == token]
+        feats = (min(start + i, MAX_MATCH), counts[token] * 100 // len(at), counts[token], remembered, beyond)
+        return token, feats, [occ for tok, occ in at if tok == token]
 
     def _start_match(self) -> int:
         """How long the context's own match is (the longest earlier occurrence of its last tokens,

@@ -1,19 +1,21 @@
-"""Memory across generations: continuations seen in this model's earlier outputs.
+"""Memory across generations: the earlier outputs themselves, indexed, so that a draft can copy them.
 
-llama.cpp's dynamic n-gram cache and SuffixDecoding's global tree keep what a model wrote before,
-so a server answering similar requests can draft from its earlier answers. Here it is a bounded
-table n-gram -> next-token counts (2 <= n <= ``max_ngram`` = 6: longer keys than the context
-index's 4, since a remembered match cannot be extended backwards to show it is long; the least recently used n-grams go
-first), filled with each finished generation and consulted by the n-gram drafter where its
-continuation looks likelier than the current context's. Optional (``Model.enable_memory``, ``--memory``) and saved as JSON
-only when asked.
+SuffixDecoding's global tree and llama.cpp's dynamic n-gram cache keep what a model wrote before,
+so a server answering similar requests drafts from its earlier answers. Here the earlier outputs
+are kept whole (at most ``capacity`` tokens; the oldest output goes first) with an index of their
+``key``-grams, and a lookup finds the occurrences with the *longest* match of the context (up to
+:data:`MAX_MATCH` tokens, compared backwards from each occurrence of the context's last
+``key``-gram, as a suffix tree's deepest node would), so the n-gram drafter follows a remembered
+answer token by token for as long as it keeps agreeing. Optional (``Model.enable_memory``,
+``--memory``; a server keeps one per API key) and saved as JSON only when asked.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
-from collections import OrderedDict
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +23,10 @@ from specdec import options
 from specdec.errors import SpecdecError
 
 FORMAT = "specdec-memory"
+VERSION = 2  # earlier outputs kept whole (version 1 kept n-gram counts)
+DEFAULT_CAPACITY = 200_000  # tokens of earlier outputs (about 20 MB with the index)
+MAX_MATCH = 64  # how far back a remembered match is measured
+MAX_CANDIDATES = 256  # latest occurrences of the context's key n-gram whose match lengths are compared
 
 
 def _memory_file(path: str) -> str | None:
@@ -34,58 +40,110 @@ options.register([options.Option(
     "memory", str, None, "let the n-gram drafters also draft from earlier outputs kept in FILE (read if it "
                          "exists, written back at the end; bounded)", _memory_file, nullable=True, scope="model",
     metavar="FILE", server=False, bench=False)], owner=None)
-VERSION = 1
+
+# Where a remembered output continues: the output's tokens and the position after the match.
+Occurrence = tuple[Sequence[int], int]
 
 
 class NgramMemory:
-    """Next-token counts after every n-gram of earlier outputs, bounded, shared by threads."""
+    """Earlier outputs (at most ``capacity`` tokens) and an index of their ``key``-grams; shared by threads."""
 
-    def __init__(self, max_ngram: int = 6, capacity: int = 200_000, min_ngram: int = 2) -> None:
-        if capacity < 1 or not 1 <= min_ngram <= max_ngram:
-            raise SpecdecError(f"memory needs capacity >= 1 and 1 <= min n <= max n, got {capacity}, "
-                               f"{min_ngram}, {max_ngram}")
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, key: int = 2) -> None:
+        if capacity < 1 or key < 1:
+            raise SpecdecError(f"memory needs a capacity >= 1 token and a key n-gram >= 1, got {capacity}, {key}")
         self.capacity = capacity
-        self._table: OrderedDict[tuple[int, ...], dict[int, int]] = OrderedDict()
+        self.key = key
+        # Every output gets a base offset in one growing number line, so an index entry is one int
+        # (base + position) and the oldest output's entries lead every list (eviction cuts fronts).
+        self._bases: list[int] = []
+        self._outputs: list[array] = []
+        self._next = 0
+        self._tokens = 0
+        self._index: dict[tuple[int, ...], list[int]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._table)
+        """Tokens remembered."""
+        return self._tokens
+
+    @property
+    def outputs(self) -> int:
+        return len(self._outputs)
 
     def add(self, tokens: Sequence[int]) -> None:
-        """Remember what followed every n-gram of ``tokens``."""
-        tokens = list(tokens)
+        """Remember an output (with a few tokens of its prompt before it, for its first tokens' context)."""
+        tokens = array("i", tokens)
+        if len(tokens) <= self.key:
+            return
+        if len(tokens) > self.capacity:
+            tokens = tokens[-self.capacity:]
         with self._lock:
-            for end in range(self.min_ngram, len(tokens)):
-                nxt = tokens[end]
-                for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                    key = tuple(tokens[end - n:end])
-                    counts = self._table.get(key)
-                    if counts is None:
-                        counts = self._table[key] = {}
-                    else:
-                        self._table.move_to_end(key)
-                    counts[nxt] = counts.get(nxt, 0) + 1
-            while len(self._table) > self.capacity:
-                self._table.popitem(last=False)
+            base = self._next
+            self._next += len(tokens) + 1
+            self._bases.append(base)
+            self._outputs.append(tokens)
+            self._tokens += len(tokens)
+            k = self.key
+            for end in range(k, len(tokens)):
+                self._index.setdefault(tuple(tokens[end - k:end]), []).append(base + end)
+            while self._tokens > self.capacity:
+                self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        base, tokens = self._bases.pop(0), self._outputs.pop(0)
+        self._tokens -= len(tokens)
+        limit = base + len(tokens)
+        k = self.key
+        for end in range(k, len(tokens)):
+            key = tuple(tokens[end - k:end])
+            entries = self._index.get(key)
+            if entries is None:
+                continue
+            del entries[:bisect.bisect_left(entries, limit)]
+            if not entries:
+                del self._index[key]
+
+    def matches(self, tail: Sequence[int]) -> tuple[list[Occurrence], int]:
+        """The remembered occurrences with the longest match of ``tail``'s end (at least ``key``
+        tokens; at most :data:`MAX_MATCH`) and that length; ``([], 0)`` where nothing matches."""
+        k = self.key
+        if len(tail) < k:
+            return [], 0
+        with self._lock:
+            entries = self._index.get(tuple(tail[-k:]))
+            if not entries:
+                return [], 0
+            found: list[Occurrence] = []
+            best = 0
+            for entry in entries[-MAX_CANDIDATES:]:
+                at = bisect.bisect_right(self._bases, entry) - 1
+                tokens, end = self._outputs[at], entry - self._bases[at]
+                if end >= len(tokens):
+                    continue  # the output ends there: nothing to copy
+                n = k
+                limit = min(MAX_MATCH, end, len(tail))
+                while n < limit and tokens[end - 1 - n] == tail[-1 - n]:
+                    n += 1
+                if n > best:
+                    best, found = n, []
+                if n == best:
+                    found.append((tokens, end))
+            return found, best
 
     def lookup(self, tail: Sequence[int]) -> tuple[int, dict[int, int]] | None:
-        """(n, next-token counts) for the longest remembered suffix of ``tail``, if any."""
-        with self._lock:
-            for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
-                key = tuple(tail[-n:])
-                counts = self._table.get(key)
-                if counts:
-                    self._table.move_to_end(key)
-                    return n, dict(counts)
-        return None
+        """(match length, next-token counts) of the longest remembered match of ``tail``, if any."""
+        found, n = self.matches(tail)
+        if not found:
+            return None
+        counts: dict[int, int] = {}
+        for tokens, end in found:
+            counts[tokens[end]] = counts.get(tokens[end], 0) + 1
+        return n, counts
 
     def save(self, path: str | Path) -> None:
         with self._lock:  # a server saves while generations add
-            entries = [[list(k), [[t, c] for t, c in v.items()]] for k, v in self._table.items()]
-        data = {"format": FORMAT, "version": VERSION, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
-                "capacity": self.capacity, "entries": entries}
+            entries = [list(tokens) for tokens in self._outputs]
+        data = {"format": FORMAT, "version": VERSION, "key": self.key, "capacity": self.capacity, "entries": entries}
         try:
             Path(path).write_text(json.dumps(data), encoding="utf-8")
         except OSError as exc:
@@ -96,16 +154,14 @@ class NgramMemory:
         """A memory saved by :meth:`save`; a missing file gives an empty one (it is created on save)."""
         path = Path(path)
         if not path.exists():
-            return cls(capacity=capacity or 200_000)
+            return cls(capacity=capacity or DEFAULT_CAPACITY)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("format") != FORMAT or data.get("version") != VERSION:
                 raise ValueError("not a specdec memory file of this version")
-            memory = cls(int(data["max_ngram"]), capacity or int(data["capacity"]), int(data["min_ngram"]))
-            for key, counts in data["entries"]:
-                memory._table[tuple(int(t) for t in key)] = {int(t): int(c) for t, c in counts}
+            memory = cls(capacity or int(data["capacity"]), int(data["key"]))
+            for tokens in data["entries"]:
+                memory.add([int(t) for t in tokens])
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise SpecdecError(f"{path} is not a usable memory file ({exc}); delete it to start afresh") from None
-        while len(memory._table) > memory.capacity:
-            memory._table.popitem(last=False)
         return memory

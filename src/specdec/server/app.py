@@ -48,6 +48,10 @@ class Server:
         loaded, draft = model.loaded, self.draft_model
         if self.config.batch is None:
             self.config.batch = loaded.can_batch
+        if self.config.index_tokens and loaded.memory is None:
+            # The index of earlier outputs (per API key unless shared): what a server's drafts learn
+            # from its earlier answers, bounded.
+            loaded.enable_memory(capacity=self.config.index_tokens)
         if self.config.batch and loaded.batched is None:
             loaded.enable_batching(self.config.slots)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft

@@ -68,8 +68,9 @@ class LoadReport:
 
 
 async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float = 300.0,
-                   path: str = "/v1/completions", stream: bool = False) -> LoadReport:
-    """Send every body once, ``clients`` at a time; stop at ``time_limit`` seconds whatever is left."""
+                   path: str = "/v1/completions", stream: bool = False, api_key: str | None = None) -> LoadReport:
+    """Send every body once, ``clients`` at a time; stop at ``time_limit`` seconds whatever is left.
+    ``api_key``: every client's (one tenant of the server, sharing its index of earlier outputs)."""
     queue: asyncio.Queue = asyncio.Queue()
     for i, body in enumerate(bodies):
         queue.put_nowait((i, body))
@@ -96,7 +97,8 @@ async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float
                 results[i] = Result(0, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
 
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(timeout=time_limit) as http:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with httpx.AsyncClient(timeout=time_limit, headers=headers) as http:
         tasks = [asyncio.create_task(client(http)) for _ in range(clients)]
         done, pending = await asyncio.wait(tasks, timeout=time_limit)
         for task in pending:
@@ -157,24 +159,37 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--questions", default=None,
-                        help="prompt sets (spec-bench, humaneval, humaneval-edit) or .jsonl files, comma-separated")
+                        help="prompt sets (spec-bench, humaneval, humaneval-edit, humaneval-files) or .jsonl files, "
+                             "comma-separated")
+    parser.add_argument("--distinct", type=int, default=None, metavar="N",
+                        help="only the first N prompts: the requests go through them in rounds, so later rounds "
+                             "repeat earlier requests (clients asking about the same files in turn)")
     parser.add_argument("--time-limit", type=float, default=600.0)
     parser.add_argument("--no-stream", action="store_true", help="whole answers (no time to first token)")
     parser.add_argument("--label", default="", help="a name for this server in the output")
+    parser.add_argument("--texts", default=None, metavar="FILE",
+                        help="write every answer (by request number, last level) as JSON, to compare servers")
+    parser.add_argument("--api-key", default=None,
+                        help="every client sends this key (one tenant: they share its index of earlier outputs; "
+                             "default: none, each request drafts from its own text alone)")
     args = parser.parse_args()
     model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models").json()["data"][0]["id"]
     prompts = mixed_prompts(args.questions.split(",")) if args.questions else [
         "Write a short story about a robot who learns to paint."]
+    prompts = prompts[:args.distinct] if args.distinct else prompts
     reference: dict[int, str] | None = None
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                    "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
         report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
-                                      stream=not args.no_stream))
+                                      stream=not args.no_stream, api_key=args.api_key))
         texts = report.texts()
         reference = texts if reference is None else reference
         differ = sum(1 for i, t in texts.items() if i in reference and reference[i] != t)
         print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ}), flush=True)
+        if args.texts:
+            with open(args.texts, "w", encoding="utf-8") as f:
+                json.dump({str(i): t for i, t in sorted(texts.items())}, f)
 
 
 if __name__ == "__main__":

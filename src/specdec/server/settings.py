@@ -44,6 +44,7 @@ class ServeConfig:
     max_body: int = 1 << 20  # bytes
     batch: bool | None = _SERVE.batch  # step generations in one forward (None: where the backend can)
     shared_index: bool = _SERVE.shared_index  # clients draft from each other's outputs (default: per API key)
+    index_tokens: int = _SERVE.index_tokens  # each index of earlier outputs, bounded (0: none)
 
 
 def as_flag(name: str) -> str:
@@ -143,7 +144,7 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
     draft_model = draft_model_for(defaults.drafter, _typed(values, "draft_model", str, None), model)
     serve = ServeOptions(**{k: values[k] for k in serve_names if k in values}).validate()
     config = ServeConfig(defaults=defaults, slots=serve.slots, max_tokens=serve.max_tokens, batch=serve.batch,
-                         shared_index=serve.shared_index)
+                         shared_index=serve.shared_index, index_tokens=serve.index_tokens)
     scaling = Scaling(**{k: values[k] for k in SCALING if k in values}).check()
     check_memory_sharing(values.get("memory"), serve.shared_index, spell=str)
     return ServeSettings(model=model, load=load.to_dict(), draft_model=draft_model, memory=values.get("memory"),
