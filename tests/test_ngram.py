@@ -57,6 +57,23 @@ def test_most_frequent_continuation_beats_the_latest():
     assert propose([1, 2, 1, 2, 1, 3, 9, 1], 1, max_ngram=1) == [2]
 
 
+def test_the_longest_match_beats_a_more_frequent_short_one():
+    # "1 2 3 4" is followed by 8 twice, but the context's last six tokens match only the stretch
+    # that went on with 5 6: a copy in progress (a suffix tree's deepest node), followed token by token.
+    tokens = [1, 2, 3, 4, 8, 1, 2, 3, 4, 8, 9, 9, 1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2, 3, 4]
+    assert propose(tokens, 4) == [5, 6, 7, 9]
+    draft = NgramDrafter().propose(tokens, 4)
+    assert [f[0] for f in draft.features] == [6, 7, 8, 9]  # the match grows along the copy
+
+
+def test_a_draft_past_the_context_s_match_is_believed_less():
+    tokens = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4]  # matched 4 tokens back
+    draft = NgramDrafter().propose(tokens, 10)
+    assert draft.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    assert [f[4] for f in draft.features] == [0] * 4 + [1] * 4 + [2] * 2
+    assert draft.confidence[3] > draft.confidence[4] > draft.confidence[8]
+
+
 def test_confidence_grows_with_the_length_of_the_match():
     short = NgramDrafter().propose([5, 6, 9, 8, 7, 6], 1)  # matches only "6"
     long = NgramDrafter().propose([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 1)  # matches 6 tokens

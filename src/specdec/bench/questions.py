@@ -16,7 +16,7 @@ The shipped sets (``src/specdec/data/prompts``, with their licences beside them)
 - ``humaneval-repair``: the same problems as an agent's repair loop (category ``repair``): the
   model writes the function, its tests run, the failure goes back and the model revises, up to 3
   answers (:class:`specdec.bench.conversations.RepairLoop`).
-- ``humaneval-files``: questions about "files" of four HumanEval functions each (category
+- ``humaneval-files``: questions about "files" of two HumanEval functions each (category
   ``files``): explain a function, write its tests, review it (:func:`file_questions`). A server's
   load test sends them in rounds, several clients asking about the same files in turn, where an
   index of earlier outputs pays across requests.
@@ -256,7 +256,7 @@ def _edit_set(rows: list[dict]) -> list[Question]:
     return [edit_question(row, i) for i, row in enumerate(rows)]
 
 
-FILE_SIZE = 4  # functions per file of humaneval-files
+FILE_SIZE = 2  # functions per file of humaneval-files (a short file: the answers, not the prompts, take the time)
 FILE_ASKS = (
     ("explain", "Explain what `{name}` in this file does, step by step, quoting the lines you explain."),
     ("tests", "Write pytest tests for `{name}` in this file, covering its edge cases."),
