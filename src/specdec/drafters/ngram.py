@@ -30,7 +30,6 @@ from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 
 MAX_CANDIDATES = 256  # latest occurrences of a context's n-gram whose match lengths are compared
-# How far back a match is measured (the memory's too, so that the two compare)
 BEYOND_PENALTY = 1.0  # log-odds lost per span of the context's match the draft has gone past
 WIDTH = 3  # most children a tree node gets (the most frequent continuations)
 
@@ -53,12 +52,12 @@ class NgramDrafter(Drafter):
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
         self._index: dict[tuple[int, ...], list[int]] = {}
-        self._start = (-1, 0)  # (context length, its match length) of the last draft's start
+        self._matches: tuple[int, tuple[list[Occurrence], int, int]] | None = None  # (context length, its longest matches)
 
     def begin(self, prompt, sampler) -> None:
         super().begin(prompt, sampler)
         self._seq, self._index = [], {}
-        self._start = (-1, 0)
+        self._matches = None
         self._prompt_len = len(prompt)
 
     def close(self) -> None:
@@ -131,7 +130,7 @@ class NgramDrafter(Drafter):
         seq = self._seq
         if len(tokens) < len(seq) or list(tokens[:len(seq)]) != seq:
             self._seq, self._index = [], {}
-            self._start = (-1, 0)
+            self._matches = None
             seq = self._seq
         for tok in tokens[len(seq):]:
             seq.append(tok)
@@ -148,8 +147,7 @@ class NgramDrafter(Drafter):
         """
         seq = self._seq
         tail = (seq[-self.max_ngram:] + draft)[-self.max_ngram:]
-        start = self._start_match()
-        beyond = 0 if len(draft) < start else (1 if len(draft) < 2 * start else 2)
+        beyond = _beyond(len(draft), self._longest_matches()[1])
         out: list[tuple[int, tuple[int, ...]]] = []
         seen: set[int] = set()
         for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
@@ -182,7 +180,13 @@ class NgramDrafter(Drafter):
     def _longest_matches(self) -> tuple[list[Occurrence], int, int]:
         """The occurrences of the context's longest earlier match, in the context itself (at least
         ``min_ngram`` tokens) or in the memory of earlier outputs, whichever is longer (the
-        context on ties); its length (at most MAX_MATCH) and whether it is remembered."""
+        context on ties); its length (at most MAX_MATCH: SuffixDecoding's evidence for how far a
+        copy goes on) and whether it is remembered. Found once per context."""
+        if self._matches is None or self._matches[0] != len(self._seq):
+            self._matches = (len(self._seq), self._find_longest_matches())
+        return self._matches[1]
+
+    def _find_longest_matches(self) -> tuple[list[Occurrence], int, int]:
         seq = self._seq
         group: list[Occurrence] = []
         best = 0
@@ -223,26 +227,9 @@ class NgramDrafter(Drafter):
         # The latest occurrence's on ties (a group lists the oldest first).
         top = max(counts.values())
         token = next(tok for tok, _ in reversed(at) if counts[tok] == top)
-        beyond = 0 if i < start else (1 if i < 2 * start else 2)
+        beyond = _beyond(i, start)
         feats = (min(start + i, MAX_MATCH), counts[token] * 100 // len(at), counts[token], remembered, beyond)
         return token, feats, [occ for tok, occ in at if tok == token]
-
-    def _start_match(self) -> int:
-        """How long the context's own match is (the longest earlier occurrence of its last tokens,
-        draft excluded): SuffixDecoding's evidence for how far a copy goes on."""
-        if self._start[0] != len(self._seq):
-            found = self.continuations_of_context()
-            self._start = (len(self._seq), found)
-        return self._start[1]
-
-    def continuations_of_context(self) -> int:
-        seq = self._seq
-        tail = seq[-self.max_ngram:]
-        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
-            ends = [e for e in self._index.get(tuple(tail[-n:]), ()) if e < len(seq)]
-            if ends:
-                return n if n < self.max_ngram else max(self._match_length(e, []) for e in ends[-8:])
-        return 0
 
     def _remembered(self, tail: list[int], seen: set[int], beyond: int = 0) -> list[tuple[int, tuple[int, ...]]]:
         """Continuations of ``tail`` in earlier generations (features flagged as remembered)."""
@@ -264,6 +251,12 @@ class NgramDrafter(Drafter):
                 break
             n += 1
         return n
+
+
+def _beyond(position: int, start: int) -> int:
+    """How far a draft token at ``position`` is past the context's match of length ``start``:
+    0 within it, 1 within twice it, 2 further."""
+    return 0 if position < start else (1 if position < 2 * start else 2)
 
 
 def ngram_bucket(feats: tuple[int, ...]) -> tuple[int, int, int, int, int]:
