@@ -26,6 +26,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +68,62 @@ def cost_curve(model, pad: int, sizes, context: list[int], repeats: int) -> dict
     backend = HFBackend(model, pad)
     measure_forward_costs(backend, context, sizes, 1)  # warm-up: kernels chosen, memory allocated
     return measure_forward_costs(backend, context, sizes, repeats)
+
+
+GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def graphed_curve(model, context: list[int], sizes=GRAPH_SIZES, repeats: int = 20) -> dict:
+    """Milliseconds of a forward of n new tokens after ``context`` on a static KV cache, eager and
+    replayed from a captured CUDA graph (launch overhead gone), median of ``repeats``. A measurement
+    beside the engine, which runs eager: it shows what graphs would give the curve and the pair."""
+    from transformers import StaticCache
+
+    device = model.device
+    cache = StaticCache(config=model.config, max_cache_len=len(context) + max(sizes) + 8)
+    with torch.inference_mode():
+        model(torch.tensor([context], device=device), past_key_values=cache,
+              position_ids=torch.arange(len(context), device=device)[None], use_cache=True)
+    # transformers 5.x's static layers write where a device-side counter says; set it back to the
+    # context's end before every forward (inside the graph too), so each forward rewrites the same slots.
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+    result: dict = {"eager_ms": {}, "graph_ms": {}}
+    for n in sizes:
+        ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+        pos = torch.arange(len(context), len(context) + n, device=device)[None]
+
+        def forward():
+            for counter in counters:
+                counter.fill_(len(context))
+            return model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
+
+        with torch.inference_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            result["eager_ms"][str(n)] = _median_ms(forward, repeats)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                forward()
+            result["graph_ms"][str(n)] = _median_ms(graph.replay, repeats)
+        del graph
+    result["graph_rows16_over_1"] = round(result["graph_ms"]["16"] / result["graph_ms"]["1"], 3)
+    return result
+
+
+def _median_ms(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return round(sorted(times)[len(times) // 2] * 1e3, 3)
 
 
 def top2_margin(model, pad: int, ids: list[int]) -> float:
@@ -116,6 +173,48 @@ def expected_speedup(target: dict[int, float], draft: dict[int, float], acceptan
             "speedup_by_k": {k: round(v, 3) for k, v in by_k.items() if k <= 16 or k % 8 == 0}}
 
 
+def graphs(args, device: str, dtype: torch.dtype) -> dict:
+    """Each architecture's curve eager and from captured CUDA graphs (its own process in the device
+    script: a capture that fails can leave the CUDA context unusable), and the expected speed-ups on
+    the graphed curves."""
+    archs = json.loads(ARCHS.read_text())
+    report: dict = {}
+    for name in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b"]:
+        model = build(archs[name], device, dtype, args.toy)
+        context = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
+        try:
+            report[name] = graphed_curve(model, context)
+        except Exception as error:  # noqa: BLE001 - recorded: the reason graphs do not run here
+            report[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        print(f"{name} graphs: {report[name]}", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    report["expected_speedups"] = graphed_speedups(report)
+    return report
+
+
+def graphed_speedups(archs: dict) -> dict:
+    """The pairs' expected speed-up computed on the CUDA-graph curves (where they were measured): what
+    drafting would give with launch overhead gone."""
+    curves = {}
+    for name, entry in archs.items():
+        graph = entry.get("graph_ms") if isinstance(entry, dict) else None
+        if graph:
+            curves[name] = {int(n): ms / 1e3 for n, ms in graph.items()}
+    out = {}
+    for target in ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b"):
+        if target in curves and "qwen2.5-coder-0.5b" in curves:
+            full = dict(curves[target])
+            for n in range(1, max(full) + 1):  # the curve between measured sizes, linearly
+                if n not in full:
+                    lo = max(m for m in full if m < n)
+                    hi = min(m for m in full if m > n)
+                    full[n] = full[lo] + (full[hi] - full[lo]) * (n - lo) / (hi - lo)
+            out[f"{target} drafted by 0.5b, CUDA graphs"] = expected_speedup(
+                dict(sorted(full.items())), curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE)
+    return out
+
+
 def architectures(args, device: str, dtype: torch.dtype) -> tuple[dict, dict]:
     archs = json.loads(ARCHS.read_text())
     names = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b"]
@@ -150,7 +249,7 @@ def architectures(args, device: str, dtype: torch.dtype) -> tuple[dict, dict]:
     return report, curves
 
 
-def smollm2(args, device: str, dtype_name: str) -> dict:
+def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -> dict:
     """Spec-Bench on SmolLM2-135M's real weights: ours (plain, n-gram) and transformers' (plain,
     prompt lookup) on the same GPU, per category."""
     import specdec
@@ -160,6 +259,11 @@ def smollm2(args, device: str, dtype_name: str) -> dict:
     hf, codec = model.loaded.hf_model, model.loaded.codec
     eos = sorted(model.eos_token_ids)
     questions = load_questions("spec-bench", limit=args.per_category)
+    # Round-robin over the categories, so a run cut short by its budget still has every category.
+    seen: dict[str, int] = {}
+    rank = [seen.__setitem__(q.category, seen.get(q.category, -1) + 1) or seen[q.category] for q in questions]
+    order = sorted(zip(rank, range(len(questions)), questions), key=lambda t: (t[0], -t[1] if args.reverse else t[1]))
+    questions = [q for _, _, q in order]
 
     def ours(drafter: str, ids: list[int]):
         out = model.generate(ids, max_new_tokens=args.smollm2_tokens, drafter=drafter)
@@ -183,11 +287,26 @@ def smollm2(args, device: str, dtype_name: str) -> dict:
     for run in methods.values():  # CUDA start-up, the cost curve's calibration
         run(warm)
     rows: dict[str, dict[str, list]] = {}
-    for q in questions:
+    results: dict = {}
+    report["smollm2_spec_bench"] = results
+    for i, q in enumerate(questions):
+        if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+            results["cut_short"] = f"{i} of {len(questions)} questions: the {args.budget_s:.0f} s budget ran out"
+            break
         ids = codec.encode(q.prompt, True)
         cat = rows.setdefault(q.category, {m: [] for m in methods})
         for name, run in methods.items():
             cat[name].append(run(ids))
+        results.update(summarise(rows))
+        save()
+        r = results[q.category]
+        print(f"smollm2 {q.category} ({time.perf_counter() - t0:.0f} s): ngram {r['ngram_speedup']}x "
+              f"(identical {r['ngram_identical']}), hf-lookup {r['hf_lookup_speedup']}x", flush=True)
+    return results
+
+
+def summarise(rows: dict[str, dict[str, list]]) -> dict:
+    """Per category: each method's tokens/s, the two speed-ups, and whether outputs are identical."""
     report = {}
     for category, runs in rows.items():
         rate = {m: sum(len(t) for t, _ in r) / sum(s for _, s in r) for m, r in runs.items()}
@@ -199,9 +318,6 @@ def smollm2(args, device: str, dtype_name: str) -> dict:
             "hf_lookup_identical": all(a[0] == b[0] for a, b in zip(runs["hf-lookup"], runs["hf-plain"])),
             "ours_equal_hf_plain": all(a[0] == b[0] for a, b in zip(runs["plain"], runs["hf-plain"])),
         }
-        r = report[category]
-        print(f"smollm2 {category}: ngram {r['ngram_speedup']}x (identical {r['ngram_identical']}), "
-              f"hf-lookup {r['hf_lookup_speedup']}x", flush=True)
     return report
 
 
@@ -218,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smollm2", type=Path, default=None, help="SmolLM2-135M's GGUF: the real-weights part")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--smollm2-tokens", type=int, default=128)
+    parser.add_argument("--parts", default="arch,smollm2",
+                        help="which parts run: arch (random-weight architectures), graphs (their curves from CUDA graphs, "
+                             "a GPU only), smollm2 (real weights)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="categories in reverse order (a second run reaches first what a cut-short one missed)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop taking new Spec-Bench questions past this many seconds (the report says so)")
     args = parser.parse_args(argv)
     device = devices.resolve(args.device)
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
@@ -236,22 +359,48 @@ def main(argv: list[str] | None = None) -> int:
         report["transformers"] = transformers.__version__
     except ImportError:
         pass
-    report["architectures"], curves = architectures(args, device, dtype)
-    report["expected_speedups"] = {
-        "qwen2.5-coder-1.5b drafted by 0.5b": expected_speedup(curves["qwen2.5-coder-1.5b"],
-                                                               curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-        "qwen2.5-coder-7b drafted by 0.5b": expected_speedup(curves["qwen2.5-coder-7b"],
-                                                             curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-        "note": f"a computation from the measured cost curves (padded, as exact runs) and a per-token "
-                f"acceptance of {PAIR_ACCEPTANCE} (the pair's greedy agreement on HumanEval, on a CPU); "
-                "the 7B assumed to agree with the 0.5B as the 1.5B does",
-    }
-    if args.smollm2 is not None:
-        report["smollm2_spec_bench"] = smollm2(args, device, dtype_name)
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    (args.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out / 'report.json'} in {report['seconds']} s")
-    return 0
+    out = args.out / "report.json"
+
+    def save() -> None:  # after every part: a run cut short by its time limit still leaves what it measured
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+
+    failed = False
+    if "arch" in args.parts:
+        try:
+            report["architectures"], curves = architectures(args, device, dtype)
+            report["expected_speedups"] = {
+                "qwen2.5-coder-1.5b drafted by 0.5b": expected_speedup(
+                    curves["qwen2.5-coder-1.5b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
+                "qwen2.5-coder-7b drafted by 0.5b": expected_speedup(
+                    curves["qwen2.5-coder-7b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
+                "note": f"a computation from the measured cost curves (padded, as exact runs) and a per-token "
+                        f"acceptance of {PAIR_ACCEPTANCE} (the pair's greedy agreement on HumanEval, on a CPU); "
+                        "the 7B assumed to agree with the 0.5B as the 1.5B does",
+            }
+        except Exception:  # noqa: BLE001 - one part failing must not lose the other's minutes
+            report["architectures_error"] = traceback.format_exc()
+            print(report["architectures_error"], file=sys.stderr, flush=True)
+            failed = True
+        save()
+    if "graphs" in args.parts:
+        try:
+            report["cuda_graphs"] = graphs(args, device, dtype)
+        except Exception:  # noqa: BLE001
+            report["cuda_graphs_error"] = traceback.format_exc()
+            print(report["cuda_graphs_error"], file=sys.stderr, flush=True)
+            failed = True
+        save()
+    if "smollm2" in args.parts and args.smollm2 is not None:
+        try:
+            report["smollm2_spec_bench"] = smollm2(args, device, dtype_name, t0, save, report)
+        except Exception:  # noqa: BLE001
+            report["smollm2_error"] = traceback.format_exc()
+            print(report["smollm2_error"], file=sys.stderr, flush=True)
+            failed = True
+    save()
+    print(f"wrote {out} in {report['seconds']} s")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -170,6 +170,24 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_at_toy_size(tmp_path):
     assert report["expected_speedups"], report
 
 
+def test_a_part_that_cannot_run_is_recorded_and_the_report_still_written(tmp_path):
+    """The CUDA-graph part on a CPU fails for every architecture: the report says why, per
+    architecture, instead of losing the run (on the GPU a lease has no minutes for a second try)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "graphs"
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--toy", "--parts", "graphs",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert "architectures" not in report
+    for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b"):
+        assert "CUDA" in report["cuda_graphs"][name]["error"]
+    assert report["cuda_graphs"]["expected_speedups"] == {}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU, reason="no CUDA device: PyTorch sees none on this machine")
 def test_the_gpu_check_on_the_gpu(tmp_path):
