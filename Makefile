@@ -16,17 +16,21 @@ APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
 setup: $(VENV)/.installed
 
+# Independent steps of setup and test (the wheel's build, the downloads, the browser's install) overlap.
+MAKEFLAGS += -j3
+
 # llama.cpp as specdec runs it: the llama.cpp source inside llama-cpp-python's sdist with specdec's
 # kernel patch (patches/llama.cpp: multi-row matmul kernels that give every row the one-row kernel's
 # bits, and the self-test that checks it on this CPU at load; the stock library still works, with
 # exact decoding capped at 3 rows a micro-batch). Built without llamafile's tinyBLAS kernels: with
-# them a k-token forward rounds differently from k one-token forwards. The same sdist, unpatched,
+# them a k-token forward rounds differently from k one-token forwards; without the multimodal
+# library (mtmd: llama-cpp-python imports it only for image chat, which specdec never uses). The same sdist, unpatched,
 # builds the llama-server peers (make llama-peers).
 LLAMA_VERSION    := 0.3.36
 LLAMA_SDIST      := .build/sdist/llama_cpp_python-$(LLAMA_VERSION).tar.gz
 LLAMA_SRC        := .build/llama-cpp-python
 LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
-LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
 # the local CPU wheel; an unpinned torch would resolve to a CUDA build.
 TORCH_VERSION        := 2.13.0
@@ -43,15 +47,27 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 	for p in $(LLAMA_PATCHES); do patch -p1 -s -d $(LLAMA_SRC)/vendor/llama.cpp < $$p || exit 1; done
 	touch $@
 
-# torch (the local CPU wheel) and transformers are pinned first: an unpinned resolution would pull a CUDA build.
-# llama-cpp-python is built from the patched source (--no-cache-dir: never a cached stock wheel);
-# the [llamacpp] extra then finds its version installed.
-$(VENV)/.installed: pyproject.toml $(LLAMA_SRC)/.patched
+# Setup runs two things at once (make -j below): the patched llama.cpp wheel compiles (CPU-bound,
+# minutes) while the venv's other packages download and install (network-bound). torch (the local
+# CPU wheel) and transformers are pinned first: an unpinned resolution would pull a CUDA build.
+# The wheel is built with --no-cache-dir (never a cached stock wheel) and installed over whatever
+# is there; `-e .[llamacpp]` then finds its version installed and adds its own dependencies.
+LLAMA_WHEELS := .build/wheels
+$(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
+	rm -rf $(LLAMA_WHEELS) && mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" python3 -m pip wheel -q --disable-pip-version-check \
+	  --no-cache-dir --no-deps -w $(LLAMA_WHEELS) ./$(LLAMA_SRC)
+	touch $@
+
+$(VENV)/.deps: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" $(PY) -m pip install -q --disable-pip-version-check \
-	  --no-cache-dir --force-reinstall --no-deps ./$(LLAMA_SRC)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llamacpp,ray,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,ray,docs]'
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.deps $(LLAMA_WHEELS)/.built
+	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[llamacpp]'
 	touch $@
 
 demo: setup
