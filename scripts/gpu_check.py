@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ from specdec.policies.adaptive import AdaptiveK  # noqa: E402
 from specdec.policies.fixed import FixedK  # noqa: E402
 
 ARCHS = Path(__file__).with_name("gpu_archs.json")
+ARCH_NAMES = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b")
 # Per-token acceptance of the 0.5B drafting for the 1.5B: their greedy agreement on HumanEval,
 # measured on the CPU with llama.cpp (../shared/MODELS.md; bench-results/qwen-humaneval).
 PAIR_ACCEPTANCE = 0.979
@@ -179,7 +181,7 @@ def graphs(args, device: str, dtype: torch.dtype) -> dict:
     the graphed curves."""
     archs = json.loads(ARCHS.read_text())
     report: dict = {}
-    for name in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b"]:
+    for name in ARCH_NAMES:
         model = build(archs[name], device, dtype, args.toy)
         context = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
         try:
@@ -201,26 +203,18 @@ def graphed_speedups(archs: dict) -> dict:
         graph = entry.get("graph_ms") if isinstance(entry, dict) else None
         if graph:
             curves[name] = {int(n): ms / 1e3 for n, ms in graph.items()}
-    out = {}
-    for target in ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b"):
-        if target in curves and "qwen2.5-coder-0.5b" in curves:
-            full = dict(curves[target])
-            for n in range(1, max(full) + 1):  # the curve between measured sizes, linearly
-                if n not in full:
-                    lo = max(m for m in full if m < n)
-                    hi = min(m for m in full if m > n)
-                    full[n] = full[lo] + (full[hi] - full[lo]) * (n - lo) / (hi - lo)
-            out[f"{target} drafted by 0.5b, CUDA graphs"] = expected_speedup(
-                dict(sorted(full.items())), curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE)
-    return out
+    # Sizes between the measured ones: CostModel interpolates its curve linearly.
+    return {f"{target} drafted by 0.5b, CUDA graphs": expected_speedup(
+                curves[target], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE)
+            for target in ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b")
+            if target in curves and "qwen2.5-coder-0.5b" in curves}
 
 
 def architectures(args, device: str, dtype: torch.dtype) -> tuple[dict, dict]:
     archs = json.loads(ARCHS.read_text())
-    names = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b"]
     sizes = CALIBRATION_SIZES if not args.toy else (1, 2, 4, 8, 16, 17, 32)
     report, curves = {}, {}
-    for name in names:
+    for name in ARCH_NAMES:
         t0 = time.perf_counter()
         model = build(archs[name], device, dtype, args.toy)
         vocab = model.config.vocab_size
@@ -260,10 +254,12 @@ def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -
     eos = sorted(model.eos_token_ids)
     questions = load_questions("spec-bench", limit=args.per_category)
     # Round-robin over the categories, so a run cut short by its budget still has every category.
-    seen: dict[str, int] = {}
-    rank = [seen.__setitem__(q.category, seen.get(q.category, -1) + 1) or seen[q.category] for q in questions]
-    order = sorted(zip(rank, range(len(questions)), questions), key=lambda t: (t[0], -t[1] if args.reverse else t[1]))
-    questions = [q for _, _, q in order]
+    seen: Counter[str] = Counter()
+    ranked = []
+    for i, q in enumerate(questions):
+        ranked.append((seen[q.category], -i if args.reverse else i, q))
+        seen[q.category] += 1
+    questions = [q for *_, q in sorted(ranked, key=lambda t: t[:2])]
 
     def ours(drafter: str, ids: list[int]):
         out = model.generate(ids, max_new_tokens=args.smollm2_tokens, drafter=drafter)
@@ -365,42 +361,41 @@ def main(argv: list[str] | None = None) -> int:
         report["seconds"] = round(time.perf_counter() - t0, 1)
         out.write_text(json.dumps(report, indent=1) + "\n")
 
-    failed = False
+    def part(key: str, run) -> bool:
+        """Run one part into report[key]; a part that fails must not lose the others' minutes."""
+        try:
+            report[key] = run()
+            return True
+        except Exception:  # noqa: BLE001 - recorded in the report and on stderr
+            report[f"{key}_error"] = traceback.format_exc()
+            print(report[f"{key}_error"], file=sys.stderr, flush=True)
+            return False
+        finally:
+            save()
+
+    def arch() -> dict:
+        archs, curves = architectures(args, device, dtype)
+        report["expected_speedups"] = {
+            "qwen2.5-coder-1.5b drafted by 0.5b": expected_speedup(
+                curves["qwen2.5-coder-1.5b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
+            "qwen2.5-coder-7b drafted by 0.5b": expected_speedup(
+                curves["qwen2.5-coder-7b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
+            "note": f"a computation from the measured cost curves (padded, as exact runs) and a per-token "
+                    f"acceptance of {PAIR_ACCEPTANCE} (the pair's greedy agreement on HumanEval, on a CPU); "
+                    "the 7B assumed to agree with the 0.5B as the 1.5B does",
+        }
+        return archs
+
+    ok = True
     if "arch" in args.parts:
-        try:
-            report["architectures"], curves = architectures(args, device, dtype)
-            report["expected_speedups"] = {
-                "qwen2.5-coder-1.5b drafted by 0.5b": expected_speedup(
-                    curves["qwen2.5-coder-1.5b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-                "qwen2.5-coder-7b drafted by 0.5b": expected_speedup(
-                    curves["qwen2.5-coder-7b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-                "note": f"a computation from the measured cost curves (padded, as exact runs) and a per-token "
-                        f"acceptance of {PAIR_ACCEPTANCE} (the pair's greedy agreement on HumanEval, on a CPU); "
-                        "the 7B assumed to agree with the 0.5B as the 1.5B does",
-            }
-        except Exception:  # noqa: BLE001 - one part failing must not lose the other's minutes
-            report["architectures_error"] = traceback.format_exc()
-            print(report["architectures_error"], file=sys.stderr, flush=True)
-            failed = True
-        save()
+        ok &= part("architectures", arch)
     if "graphs" in args.parts:
-        try:
-            report["cuda_graphs"] = graphs(args, device, dtype)
-        except Exception:  # noqa: BLE001
-            report["cuda_graphs_error"] = traceback.format_exc()
-            print(report["cuda_graphs_error"], file=sys.stderr, flush=True)
-            failed = True
-        save()
+        ok &= part("cuda_graphs", lambda: graphs(args, device, dtype))
     if "smollm2" in args.parts and args.smollm2 is not None:
-        try:
-            report["smollm2_spec_bench"] = smollm2(args, device, dtype_name, t0, save, report)
-        except Exception:  # noqa: BLE001
-            report["smollm2_error"] = traceback.format_exc()
-            print(report["smollm2_error"], file=sys.stderr, flush=True)
-            failed = True
+        ok &= part("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))
     save()
     print(f"wrote {out} in {report['seconds']} s")
-    return 1 if failed else 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
