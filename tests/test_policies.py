@@ -64,6 +64,18 @@ def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
     assert policy.choose(sure) == START_WINDOW
 
 
+def test_the_window_grows_from_what_was_verified_not_from_the_window():
+    """Short drafts accepted whole (the curve cut them to 3 tokens) earn 6-token drafts, not the
+    8, 16, 32 that doubling the window on every success would allow."""
+    policy = AdaptiveK(FLAT, k=32)
+    policy.begin(_Target())
+    for _ in range(3):
+        policy.observe(3, 3, 0.0)
+    assert policy.choose(draft([0.99] * 32)) == 6
+    policy.observe(2, 2, 0.0)  # a success shorter than half the window never shrinks it
+    assert policy.choose(draft([0.99] * 32)) == 6
+
+
 def test_the_best_prefix_stops_before_a_weak_token():
     assert AdaptiveK(STEEP).choose(draft([0.99, 0.99, 0.99, 0.05, 0.99])) == 3
 

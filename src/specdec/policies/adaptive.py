@@ -36,11 +36,14 @@ MIN_GAIN = 0.03
 CALIBRATION_PRIOR = 3.0
 CALIBRATION_RECOVERY = 0.05
 CALIBRATION_RANGE = (0.1, 4.0)  # the odds factor's bounds
-# A generation's drafts start at most START_WINDOW tokens long; a draft accepted whole doubles the
-# window (up to K; also when the curve chose to verify less than the window), a rejection brings
+# A generation's drafts start at most START_WINDOW tokens long; a draft accepted whole lets the next
+# be twice as long as it was (up to K; the window never shrinks on a success), a rejection brings
 # it back to what was accepted plus one (at least START_WINDOW). Where long copies pay (edits,
 # summaries) the window is at K after a few steps; where a confident draft is wrong from its first
-# token (a paraphrase of the prompt), it costs a short draft's rows, not K's.
+# token (a paraphrase of the prompt), it costs a short draft's rows, not K's. Growth follows what
+# was verified, not the window: in prose, short drafts that the curve cut to 2-3 tokens succeed
+# now and then, and doubling the window on each would license a 16-token guess no 16-token draft
+# had earned (one such miss costs 7 plain steps here).
 START_WINDOW = 4
 
 
@@ -201,8 +204,8 @@ class AdaptiveK(DraftPolicy):
             # Judged tokens: the accepted ones plus the first rejected one, if any.
             judged = accepted + (accepted < drafted)
             self.acceptance += 0.1 * (accepted / judged - self.acceptance)
-            if accepted == drafted:  # (a draft shorter than the window, by the curve's choice, counts too)
-                self.window = min(self.k, 2 * self.window)
+            if accepted == drafted:
+                self.window = min(self.k, max(self.window, 2 * drafted))
             else:
                 self.window = min(self.k, max(START_WINDOW, accepted + 1))
             if self._verified:
