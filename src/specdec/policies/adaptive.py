@@ -43,7 +43,7 @@ CALIBRATION_RANGE = (0.1, 4.0)  # the odds factor's bounds
 # token (a paraphrase of the prompt), it costs a short draft's rows, not K's. Growth follows what
 # was verified, not the window: in prose, short drafts that the curve cut to 2-3 tokens succeed
 # now and then, and doubling the window on each would license a 16-token guess no 16-token draft
-# had earned (one such miss costs 7 plain steps here).
+# had earned, whose miss costs 16 rows where a plain step costs one.
 START_WINDOW = 4
 
 
