@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
+from specdec.drafting.acceptance import AcceptanceTable, Hindsight
 from specdec.errors import SpecdecError
 from specdec.types import Verdict
 
@@ -89,6 +90,52 @@ def test_observe_calibrates_the_confidence_online():
     for _ in range(50):
         drafter.observe(before, Verdict(before.tokens + [0], 1, True))  # always accepted
     assert drafter.propose(tokens, 1).confidence[0] > 0.9 > before.confidence[0]
+
+
+def _declined_then_followed(table, context, followed):
+    """One generation: a draft after ``context`` the policy declines, then plain steps that
+    produce ``followed``; the first token's confidence after ``context`` before it."""
+    drafter = NgramDrafter(table=table)
+    drafter.begin(context, None)
+    draft = drafter.propose(context, 3)
+    drafter.observe(draft.truncated(0), Verdict([followed[0]], 0, False))  # declined: a plain step
+    for i in range(1, len(followed) + 1):
+        drafter.sync(context + followed[:i])  # the plain steps' tokens
+    drafter.close()
+    return draft.confidence[0]
+
+
+def test_declined_drafts_are_judged_on_the_tokens_that_followed():
+    """A table taught only by verified drafts never learns that the drafts it is too unsure to
+    verify would have been kept: a declined chain is judged on the plain steps after it."""
+    context = [5, 6, 9, 8, 7, 6]
+    right = AcceptanceTable(ngram_prior, ngram_bucket)
+    first = _declined_then_followed(right, context, [9, 8, 7])
+    for _ in range(30):
+        last = _declined_then_followed(right, context, [9, 8, 7])
+    assert last > 0.85 > first
+    assert sum(judged for _, judged in right.counts.values()) == 31 * 3
+    wrong = AcceptanceTable(ngram_prior, ngram_bucket)
+    for _ in range(30):
+        last = _declined_then_followed(wrong, context, [4, 4, 4])
+    assert last < 0.1 < first
+    assert sum(judged for _, judged in wrong.counts.values()) == 30  # judged up to the first miss
+
+
+def test_hindsight_waits_for_the_tokens_it_judges():
+    table = AcceptanceTable(lambda f: 0.5, lambda f: f)
+    hindsight = Hindsight(table)
+    hindsight.declined(2, [7, 8, 9], ["a", "b", "c"])
+    hindsight.judge([1, 2, 7, 8])  # not decided yet: the third token has not come
+    assert table.counts == {}
+    hindsight.judge([1, 2, 7, 8, 9])
+    assert table.counts == {"a": [1, 1], "b": [1, 1], "c": [1, 1]}
+    hindsight.declined(1, [5, 6], ["d", "e"])
+    hindsight.judge([1, 4])  # missed at once: decided before its end
+    assert table.counts["d"] == [0, 1] and "e" not in table.counts
+    hindsight.declined(1, [5, 6], ["f", "g"])
+    hindsight.judge([1, 5], final=True)  # the generation ended inside it: what it reached
+    assert table.counts["f"] == [1, 1] and "g" not in table.counts
 
 
 def test_index_follows_a_context_that_is_rolled_back():

@@ -34,7 +34,7 @@ def test_unsure_drafts_are_not_verified_when_verification_is_expensive():
 
 
 def grown(policy: AdaptiveK) -> AdaptiveK:
-    """``policy`` after a draft of 4 tokens accepted whole (its window is then 8 tokens)."""
+    """``policy`` after a draft of 4 tokens accepted whole (its window is then 9 tokens: 10 rows)."""
     policy.observe(4, 4, 0.0)
     return policy
 
@@ -46,14 +46,14 @@ def test_sure_drafts_are_verified_whole():
 
 def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
     """A generation's first drafts are at most START_WINDOW tokens; each draft accepted whole
-    doubles the window up to K, a rejection brings it back to what was accepted plus one."""
+    doubles the rows verified (4, 8, 16, 32 rows) up to K tokens, a rejection brings it back to what was accepted plus one."""
     from specdec.policies.adaptive import START_WINDOW
 
     policy = AdaptiveK(FLAT, k=32)
     policy.begin(_Target())
     sure = draft([0.99] * 32)
     assert policy.max_k() == policy.choose(sure) == START_WINDOW
-    for expected in (8, 16, 32, 32):
+    for expected in (7, 15, 31, 32):
         policy.observe(policy.choose(sure), policy.choose(sure), 0.0)
         assert policy.choose(sure) == expected
     policy.observe(32, 9, 0.0)  # rejected at the tenth token
@@ -65,15 +65,15 @@ def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
 
 
 def test_the_window_grows_from_what_was_verified_not_from_the_window():
-    """Short drafts accepted whole (the curve cut them to 3 tokens) earn 6-token drafts, not the
-    8, 16, 32 that doubling the window on every success would allow."""
+    """Short drafts accepted whole (the curve cut them to 3 tokens: 4 rows) earn 7-token drafts (8
+    rows), not the 15, 31 that doubling the window on every success would allow."""
     policy = AdaptiveK(FLAT, k=32)
     policy.begin(_Target())
     for _ in range(3):
         policy.observe(3, 3, 0.0)
-    assert policy.choose(draft([0.99] * 32)) == 6
+    assert policy.choose(draft([0.99] * 32)) == 7
     policy.observe(2, 2, 0.0)  # a success shorter than half the window never shrinks it
-    assert policy.choose(draft([0.99] * 32)) == 6
+    assert policy.choose(draft([0.99] * 32)) == 7
 
 
 def test_the_best_prefix_stops_before_a_weak_token():

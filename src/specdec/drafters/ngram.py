@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from specdec.context import LearnedSlot
-from specdec.drafting.acceptance import AcceptanceTable
+from specdec.drafting.acceptance import AcceptanceTable, Hindsight
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_first_tree
 from specdec.drafting.memory import MAX_MATCH, NgramMemory, Occurrence
@@ -48,6 +48,10 @@ class NgramDrafter(Drafter):
         self.tree = tree
         self.table = table or AcceptanceTable(ngram_prior, ngram_bucket)
         self.memory = memory  # earlier generations' continuations, used where they beat this context's
+        # Declined chains are judged on the tokens that followed them (the table learns what it
+        # would never have verified); the last chain proposed, until the policy's verdict on it.
+        self.hindsight = Hindsight(self.table)
+        self._proposal: tuple[int, list[int], list] | None = None
         self._prompt_len = 0
         self._seq: list[int] = []
         # n-gram -> positions right after each occurrence (where its continuation is)
@@ -59,14 +63,19 @@ class NgramDrafter(Drafter):
         self._seq, self._index = [], {}
         self._matches = None
         self._prompt_len = len(prompt)
+        self.hindsight.clear()
+        self._proposal = None
 
     def close(self) -> None:
+        self.hindsight.judge(self._seq, final=True)
+        self.hindsight.clear()
         if self.memory is not None and len(self._seq) > self._prompt_len:
             # The output, with the prompt's last n-gram so that its first tokens have a context.
             self.memory.add(self._seq[max(0, self._prompt_len - self.max_ngram):])
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         self.sync(tokens)
+        self._proposal = None
         if self.tree:
             return self._propose_tree(k)
         draft, features, confidence = [], [], []
@@ -91,6 +100,7 @@ class NgramDrafter(Drafter):
             confidence.append(self.table.estimate(feats))
             if stop is not None and stop(confidence):
                 break
+        self._proposal = (len(self._seq), draft, features)
         return Draft(draft, confidence=confidence, features=features)
 
     def guess(self, tokens: Sequence[int], after: Sequence[int], k: int) -> list[int]:
@@ -123,6 +133,9 @@ class NgramDrafter(Drafter):
     def observe(self, draft: Draft, verdict: Verdict) -> None:
         if draft.features:
             self.table.learn(draft, verdict)
+        elif not len(draft) and self._proposal is not None:
+            self.hindsight.declined(*self._proposal)
+        self._proposal = None
 
     # -- index ------------------------------------------------------------------------------------
     def sync(self, tokens: Sequence[int]) -> None:
@@ -131,12 +144,14 @@ class NgramDrafter(Drafter):
         if len(tokens) < len(seq) or list(tokens[:len(seq)]) != seq:
             self._seq, self._index = [], {}
             self._matches = None
+            self.hindsight.clear()
             seq = self._seq
         for tok in tokens[len(seq):]:
             seq.append(tok)
             end = len(seq)
             for n in range(1, min(self.max_ngram, end) + 1):
                 self._index.setdefault(tuple(seq[end - n:]), []).append(end)
+        self.hindsight.judge(seq)
 
     def continuations(self, draft: list[int], every_level: bool = False) -> list[tuple[int, tuple[int, int, int]]]:
         """The tokens that followed the longest earlier match of context + ``draft``, most frequent

@@ -47,3 +47,47 @@ class AcceptanceTable:
             return
         for node, accepted in trees.judged(draft.parents, verdict.path):
             self.record(draft.features[node], accepted)
+
+
+class Hindsight:
+    """Judges the chains a policy declined against the tokens that followed them.
+
+    A table taught by verified drafts alone never learns about the drafts it is too unsure to
+    have verified: a bucket whose prior is low stays low, even on text where its drafts would all
+    have been kept (the first tokens of a copy into an edited function), so the policy never
+    tries them. A deterministic draft needs no forward to be judged: the plain steps after it
+    produce the target's own tokens, and a draft token is kept by verification exactly when it
+    equals the token the target produces there (with sampling too: a one-hot draft token is
+    accepted with probability p(token), the probability that plain decoding samples it). So each
+    declined chain is judged, token by token up to its first miss, once the context has reached
+    past it.
+    """
+
+    def __init__(self, table: AcceptanceTable) -> None:
+        self.table = table
+        self._pending: list[tuple[int, list[int], list[Features]]] = []  # (position, tokens, features)
+
+    def declined(self, position: int, tokens: Sequence[int], features: Sequence[Features]) -> None:
+        """A chain drafted after ``position`` context tokens that was not verified."""
+        if tokens:
+            self._pending.append((position, list(tokens), list(features)))
+
+    def judge(self, context: Sequence[int], final: bool = False) -> None:
+        """Teach the table every pending chain ``context`` decides (all of them when ``final``:
+        a chain the generation ended inside is judged on the tokens it reached)."""
+        waiting = []
+        for position, tokens, features in self._pending:
+            followed = context[position:position + len(tokens)]
+            kept = 0
+            while kept < len(followed) and followed[kept] == tokens[kept]:
+                kept += 1
+            missed = kept < len(followed)
+            if not (missed or final or len(followed) == len(tokens)):
+                waiting.append((position, tokens, features))
+                continue
+            for i in range(kept + missed):
+                self.table.record(features[i], i < kept)
+        self._pending = waiting
+
+    def clear(self) -> None:
+        self._pending = []
