@@ -139,6 +139,13 @@ def test_measure_forward_costs_restores_the_cache():
     assert backend.tokens == [1, 2, 3, 4]  # the context only: every measured forward was undone
 
 
+def test_the_unit_is_timed_as_plain_decoding_runs_it():
+    """A one-token forward right after another one: timed after a bigger forward it would carry
+    the shape switch, and every ratio of the curve would come out too low."""
+    costs = measure_forward_costs(switching(ToyLM(8, 2).backend()), [1, 2, 3, 4], sizes=[4, 1], repeats=2)
+    assert costs[1] < SWITCH_S / 2
+
+
 def test_cost_model_keeps_the_cost_of_each_row_count_as_measured():
     costs = CostModel({1: 1.0, 2: 1.8, 3: 3.1, 4: 2.6, 8: 4.0})  # llama.cpp on AVX2: odd counts cost more
     assert [costs.ratio(n) for n in (1, 2, 3, 4, 8)] == [1.0, 1.8, 3.1, 2.6, 4.0]

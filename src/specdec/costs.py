@@ -8,8 +8,9 @@ token, so whether a draft pays depends on this curve; the adaptive policy and ``
 
 from __future__ import annotations
 
-import time
 import math
+import statistics
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -39,7 +40,11 @@ def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequenc
     Sizes are interleaved within each repeat so machine noise hits all of them alike, and the
     fastest repeat counts (noise only ever adds time: another process on the cores can double a
     median); the cache is rolled back to ``context`` after every forward. Sizes from ``long_from``
-    on are timed in the first two repeats only (each costs many short forwards).
+    on are timed in the first two repeats only (each costs many short forwards). A one-token
+    forward is timed right after another one (untimed), as in plain decoding: after another size it
+    would also pay the shape switch (:func:`measure_switch`). Every size, the unit included, is
+    timed in the same rounds, so a slow spell of the machine moves them all alike instead of the
+    ratios between them.
     """
     base, pool = _at(backend, context)
     samples: dict[int, list[float]] = {n: [] for n in sizes}
@@ -50,6 +55,9 @@ def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequenc
             if long_from is not None and n >= long_from and repeat >= 2:
                 continue
             tokens = _tokens(pool, n)
+            if n == 1:
+                _wait(backend.extend(tokens))
+                backend.truncate(base)
             t0 = time.perf_counter()
             _wait(backend.extend(tokens))
             samples[n].append(time.perf_counter() - t0)
@@ -58,8 +66,10 @@ def measure_forward_costs(backend: Timed, context: Sequence[int], sizes: Sequenc
 
 
 def measure_switch(backend: Timed, context: Sequence[int], repeats: int = 5, other: int = 4) -> tuple[float, float]:
-    """(steady, switch): median seconds of a one-token ``extend`` right after another one-token
-    forward, and how much longer it takes right after a forward of ``other`` tokens.
+    """(steady, switch): the fastest seconds of a one-token ``extend`` right after another
+    one-token forward, and how much longer it takes, in the median, right after a forward of
+    ``other`` tokens (medians on both sides: the difference of two minima reads one lucky steady
+    sample as a switch).
 
     llama.cpp re-plans its compute graph when the batch shape changes (for a small model a sizeable
     fraction of its one-token forward), so every draft step also slows the plain step that follows
@@ -76,8 +86,7 @@ def measure_switch(backend: Timed, context: Sequence[int], repeats: int = 5, oth
         _wait(backend.extend(pool[:1]))
         (steady if before == 1 else after).append(time.perf_counter() - t0)
         backend.truncate(base)
-    one = min(steady)
-    return one, max(0.0, min(after) - one)
+    return min(steady), max(0.0, statistics.median(after) - statistics.median(steady))
 
 
 def _wait(result: object) -> None:
@@ -264,9 +273,7 @@ def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int = 
     found = cache.load(_parse_seconds)
     if found is None:
         seconds = measure_forward_costs(backend, context, CALIBRATION_SIZES, repeats, long_from=LONG_FROM)
-        # The interleaved sizes time every one-token forward right after another shape; the
-        # unit is the steady one-token forward of plain decoding, the difference is the switch.
-        seconds[1], switch = measure_switch(backend, context, repeats)
+        _, switch = measure_switch(backend, context, repeats)
         cache.store({**{str(n): s for n, s in seconds.items()}, SWITCH_KEY: switch / seconds[1]})
     else:
         seconds, fraction = found
