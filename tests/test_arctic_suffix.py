@@ -62,3 +62,25 @@ def test_greedy_output_is_plain_decoding_s(tiny, tree):
         out = tiny.generate(prompt, max_new_tokens=24, drafter="arctic-suffix", tree=tree)
         assert out.token_ids == plain.token_ids
     assert out.stats.accepted > 0
+
+
+@needs_build
+def test_a_copy_of_the_cache_remembers_the_same_outputs_and_learns_on_its_own():
+    """A benchmark's repeats each start from a copy of the state before the question; the C++
+    trees cannot be copied, so a copy is a new cache fed the same responses."""
+    import copy
+
+    def answered(cache, prompt, tokens):
+        drafter = arctic_suffix.ArcticSuffixDrafter(cache)
+        drafter.begin(prompt, None)
+        drafted = drafter.propose(prompt + tokens, 2).tokens
+        drafter.close()
+        return drafted
+
+    cache = arctic_suffix._new_cache()
+    answered(cache, [1, 2], [70, 71, 72, 73])
+    twin = copy.deepcopy(cache)
+    assert answered(cache, [50, 51, 70, 71], []) == answered(twin, [50, 51, 70, 71], []) == [72, 73]
+    answered(twin, [5], [80, 81, 82, 83])  # only the copy sees this answer
+    assert answered(twin, [60, 80, 81], []) == [82, 83]
+    assert answered(cache, [60, 80, 81], []) == []

@@ -112,8 +112,44 @@ class ArcticSuffixDrafter(Drafter):
             self._request = None
 
 
-def _new_cache():
-    return suffix_cache_class()(max_tree_depth=MAX_TREE_DEPTH, max_cached_requests=MAX_CACHED_REQUESTS)
+class CopyableCache:
+    """arctic-inference's ``SuffixDecodingCache`` with the responses it cached recorded beside it,
+    so that a copy is a new cache fed the same responses: its C++ trees cannot be copied, and a
+    benchmark's repeats each start from a copy of the learned state before the question."""
+
+    def __init__(self) -> None:
+        self.cache = suffix_cache_class()(max_tree_depth=MAX_TREE_DEPTH, max_cached_requests=MAX_CACHED_REQUESTS)
+        self.responses: dict[int, list[int]] = {}  # request -> its response, oldest request first
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["cache"], name)
+
+    def start_request(self, request: int, prompt: list[int]) -> None:
+        self.cache.start_request(request, prompt)
+        self.responses[request] = []
+
+    def add_active_response(self, request: int, tokens: list[int]) -> None:
+        self.cache.add_active_response(request, tokens)
+        self.responses[request].extend(tokens)
+
+    def stop_request(self, request: int) -> None:
+        self.cache.stop_request(request)
+        while len(self.responses) > MAX_CACHED_REQUESTS:  # the cache forgets its oldest first too
+            del self.responses[next(iter(self.responses))]
+
+    def __deepcopy__(self, memo) -> CopyableCache:
+        # Only the global tree outlives a request, and it holds responses alone: an empty prompt
+        # replays it.
+        new = CopyableCache()
+        for request, response in self.responses.items():
+            new.start_request(request, [])
+            new.add_active_response(request, response)
+            new.stop_request(request)
+        return new
+
+
+def _new_cache() -> CopyableCache:
+    return CopyableCache()
 
 
 # The target's cache: its global tree of earlier outputs carries over to later generations (of the
