@@ -46,7 +46,8 @@ def test_sure_drafts_are_verified_whole():
 
 def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
     """A generation's first drafts are at most START_WINDOW tokens; each draft accepted whole
-    doubles the rows verified (4, 8, 16, 32 rows) up to K tokens, a rejection brings it back to what was accepted plus one."""
+    doubles the rows verified (4, 8, 16, 32 rows) up to K tokens, a rejection brings it back to
+    what was accepted plus one."""
     from specdec.policies.adaptive import START_WINDOW
 
     policy = AdaptiveK(FLAT, k=32)

@@ -85,8 +85,7 @@ class Hindsight:
             if not (missed or final or len(followed) == len(tokens)):
                 waiting.append((position, tokens, features))
                 continue
-            for i in range(kept + missed):
-                self.table.record(features[i], i < kept)
+            self.table.update(features[:kept + missed], kept)
         self._pending = waiting
 
     def clear(self) -> None:

@@ -36,15 +36,15 @@ MIN_GAIN = 0.03
 CALIBRATION_PRIOR = 3.0
 CALIBRATION_RECOVERY = 0.05
 CALIBRATION_RANGE = (0.1, 4.0)  # the odds factor's bounds
-# A generation's drafts start at most START_WINDOW tokens long; a draft accepted whole lets the next
-# verify twice its rows (its tokens and the one before them: 4 -> 8 -> 16 -> 32 -> 64 rows, the sizes
-# kernels that work on groups of rows run best; up to K, and the window never shrinks on a
-# success), a rejection brings it back to what was accepted plus one (at least START_WINDOW). Where long copies pay (edits,
-# summaries) the window is at K after a few steps; where a confident draft is wrong from its first
-# token (a paraphrase of the prompt), it costs a short draft's rows, not K's. Growth follows what
-# was verified, not the window: in prose, short drafts that the curve cut to 2-3 tokens succeed
-# now and then, and doubling the window on each would license a 16-token guess no 16-token draft
-# had earned, whose miss costs 16 rows where a plain step costs one.
+# A generation's drafts start at most START_WINDOW tokens long; a draft accepted whole lets the
+# next verify twice its rows (its tokens and the one before them: 4 -> 8 -> 16 -> 32 -> 64 rows,
+# the sizes kernels that work on groups of rows run best; up to K, and the window never shrinks
+# on a success), a rejection brings it back to what was accepted plus one (at least START_WINDOW).
+# Where long copies pay (edits, summaries) the window is at K after a few steps; where a confident
+# draft is wrong from its first token (a paraphrase of the prompt), it costs a short draft's rows,
+# not K's. Growth follows what was verified, not the window: in prose, short drafts that the curve
+# cut to 2-3 tokens succeed now and then, and doubling the window on each would license a 16-token
+# guess no 16-token draft had earned, whose miss costs 16 rows where a plain step costs one.
 START_WINDOW = 3
 
 
