@@ -8,7 +8,9 @@ forward of each size over all rounds counts (noise only adds time). Settings:
 - ``exact``: exact kernels with specdec's multi-row kernels (no row cap; the patched library);
 - ``capped``: exact kernels capped at 3 rows a micro-batch (``SPECDEC_MULTIROW=0``: before the patch);
 - ``fast``: llama.cpp's fast kernels (``--no-exact``), same build;
-- ``stock``: exact kernels on the stock library (``--stock-lib DIR``, its libllama.so), capped.
+- ``stock``: exact kernels on the stock library (``--stock-lib DIR``, its libllama.so), capped;
+- ``previous``: exact kernels on a build of an earlier version of the patch (``--previous-lib DIR``),
+  uncapped: what the newest version of the patch changed, in the same run.
 
 Then, per model, the bits: a k-token forward against k one-token forwards for every k in the sizes.
 
@@ -27,7 +29,7 @@ import sys
 from pathlib import Path
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
-SETTINGS = ("exact", "capped", "fast", "stock")
+SETTINGS = ("exact", "capped", "fast", "stock", "previous")
 
 
 def worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool) -> dict:
@@ -60,13 +62,13 @@ def worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool)
     return out
 
 
-def run_worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool, stock_lib: str | None) -> dict:
+def run_worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool, libs: dict[str, str]) -> dict:
     env = dict(os.environ)
     env.pop("SPECDEC_MULTIROW", None)
     if setting == "capped":
         env["SPECDEC_MULTIROW"] = "0"
-    if setting == "stock":
-        env["LLAMA_CPP_LIB_PATH"] = stock_lib
+    if setting in libs:
+        env["LLAMA_CPP_LIB_PATH"] = libs[setting]
     command = [sys.executable, __file__, "--worker", setting, "--model", model, "--sizes",
                ",".join(map(str, sizes)), "--repeats", str(repeats)] + (["--bits"] if bits else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
@@ -81,6 +83,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--stock-lib", help="folder of a stock llama.cpp build's libllama.so (the 'stock' setting)")
+    parser.add_argument("--previous-lib", help="folder of a build of an earlier version of specdec's patch "
+                                               "(the 'previous' setting)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
     parser.add_argument("--bits", action="store_true", help=argparse.SUPPRESS)
@@ -92,18 +96,18 @@ def main() -> None:
 
     from specdec.cpu import machine_tag
 
-    settings = [s for s in SETTINGS if s != "stock" or args.stock_lib]
+    libs = {s: d for s, d in (("stock", args.stock_lib), ("previous", args.previous_lib)) if d}
+    settings = [s for s in SETTINGS if s not in ("stock", "previous") or s in libs]
     best: dict[str, dict[str, float]] = {}
     info: dict[str, dict] = {}
     for r in range(args.rounds):
         for setting in settings if r % 2 == 0 else reversed(settings):
-            got = run_worker(setting, args.model, sizes, args.repeats, False,
-                             args.stock_lib)
+            got = run_worker(setting, args.model, sizes, args.repeats, False, libs)
             info[setting] = {k: v for k, v in got.items() if k != "seconds"}
             for k, v in got["seconds"].items():
                 best.setdefault(setting, {})[k] = min(v, best.get(setting, {}).get(k, v))
             print(setting, {k: round(v * 1000, 1) for k, v in got["seconds"].items()}, file=sys.stderr)
-    bits = {m: {s: run_worker(s, m, sizes, 1, True, args.stock_lib)["rows_differing"] for s in ("exact", "fast")}
+    bits = {m: {s: run_worker(s, m, sizes, 1, True, libs)["rows_differing"] for s in ("exact", "fast")}
             for m in args.bits_models.split(",")}
     ms = {s: {k: round(v * 1000, 2) for k, v in best[s].items()} for s in best}
     ratios = {k: round(best["exact"][k] / best["fast"][k], 3) for k in best["exact"]}
@@ -113,10 +117,12 @@ def main() -> None:
         "command": "python scripts/kernel_costs.py " + " ".join(sys.argv[1:]),
         "ms": ms, "exact_over_fast": ratios,
         "exact_one_row_over_stock": round(best["exact"]["1"] / best["stock"]["1"], 3) if "stock" in best else None,
+        "exact_over_previous": ({k: round(best["exact"][k] / best["previous"][k], 3) for k in best["exact"]}
+                                if "previous" in best else None),
         "ms_per_row": {s: {k: round(v / int(k), 2) for k, v in ms[s].items()} for s in ms},
         "rows_differing_from_one_row_forwards": bits, "settings": info,
     }
-    print(json.dumps({k: result[k] for k in ("ms", "exact_over_fast", "exact_one_row_over_stock")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("ms", "exact_over_fast", "exact_one_row_over_stock", "exact_over_previous")}, indent=1))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -112,8 +112,8 @@ def test_a_copied_prompt_cache_is_the_cache_the_same_computation_leaves(gemma):
         gemma.prompt = runner
     assert torch.equal(copied, reference)
     if gemm_is_gemv():
-        pytest.skip("this library's repacked GEMM gives the GEMV's bits (specdec's kernel patch): the "
-                    "full-size runner leaves the same cache, and there is no difference to show")
+        pytest.skip("this library's multi-row Q4_K kernel gives the GEMV's bits (specdec's kernel patch): "
+                    "the full-size runner leaves the same cache, and there is no difference to show")
     assert not torch.equal(steps(LlamaCppBackend(gemma), prompt, follow), reference)  # the GEMM runner's own
 
 
@@ -262,13 +262,13 @@ def test_a_cached_beginning_cut_anywhere_else_can_change_the_cells(qwen_draft):
     """The negative control of the test above: reused to all 150 shared rows, two rows at the end
     fall on the GEMV where a cold fill computes them in a 4-row group. With stock ggml's AVX-512
     kernels that leaves other cells than a cold fill (so the aligned test can fail); with its AVX2
-    kernels, or specdec's patched GEMM, these rows' cells come out the same, and there is nothing
+    kernels, or specdec's kernel patch, these rows' cells come out the same, and there is nothing
     to show."""
     reused, backend = fill_after(qwen_draft, FIRST, SECOND, align=1)
     assert reused == 150
     if cells_of(backend) == cold_cells(qwen_draft, SECOND):
-        pytest.skip("this library's repacked GEMM and GEMV leave the same cells for these rows (specdec's "
-                    "patched GEMM, or ggml's AVX2 kernels): the misaligned reuse cannot be told apart here")
+        pytest.skip("this library's multi-row Q4_K kernel and GEMV leave the same cells for these rows "
+                    "(specdec's kernel patch, or ggml's AVX2 kernels): the misaligned reuse cannot be told apart here")
 
 
 @pytest.mark.skipif(not has_selftest(), reason="this llama.cpp is the stock library (make setup builds it "

@@ -93,3 +93,19 @@ def test_exact_weights_take_full_micro_batches_where_the_self_test_passes():
     assert weights.n_ubatch == weights.n_batch and weights.prompt is None  # no cap, no prompt runner
     capped = load_llamacpp(gguf, n_ctx=512, multirow=False)  # the stock library's path, kept
     assert capped.n_ubatch == REPACKED_ROWS and capped.prompt is not None
+
+
+@patched
+def test_the_library_names_its_kernel_generation_in_the_cost_curve_key():
+    """A cost curve measured on one generation of the patch prices rows wrongly on the next (the
+    multi-row Q4_K GEMV makes 2-8 rows far cheaper), so the cached curve's key names it."""
+    from specdec.backends.llamacpp_lib import kernel_generation
+
+    generation = kernel_generation()
+    assert generation >= 1
+    # make setup builds the patch this checkout carries: its generation is the newest
+    assert generation == 2, "the installed llama.cpp predates the multi-row Q4_K GEMV: run make setup"
+    import specdec
+
+    model = specdec.load("smollm2-135m", backend="llamacpp")
+    assert model.loaded.cost_key.endswith("-rows-gen2") or "-rows-gen2-" in model.loaded.cost_key

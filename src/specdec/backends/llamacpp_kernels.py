@@ -12,8 +12,9 @@ per-row reference kernel that skips masked cells.
 
 The matrix multiplications themselves: ``make setup`` builds llama.cpp with specdec's kernel patch
 (``patches/llama.cpp``), whose multi-row kernels give every row the one-row kernel's bits at the
-speed of llama.cpp's fast kernels (the repacked Q4_K GEMM with its float operations in the GEMV's
-order; Q6_K, Q8_0 and Q5_0 weights unpacked once for several rows). The patched library tests
+speed of llama.cpp's fast kernels or faster (the repacked Q4_K GEMV run on up to 8 rows at once,
+the weights unpacked once for all of them, in place of ggml's GEMM; Q6_K, Q8_0 and Q5_0 weights
+unpacked once for several rows). The patched library tests
 itself (:func:`exact_rows`): each weight type of the model, 1..64 rows, every row against the one-row
 result, on this CPU. Where every type passes, a micro-batch may hold any number of rows. Where the
 stock library is installed (``pip install specdec[llamacpp]``), or a type fails, repacked weights

@@ -94,23 +94,42 @@ class SelfTest:
 
 
 @lru_cache(maxsize=1)
-def _selftest_function():
-    """``ggml_cpu_exact_selftest`` from the ggml CPU library beside the loaded libllama, or None (a
-    stock build, or a platform whose library is named otherwise)."""
+def _cpu_library() -> ctypes.CDLL | None:
+    """The ggml CPU library beside the loaded libllama, or None (a platform whose library is named
+    otherwise)."""
     llama_cpp = lib()
     folder = getattr(getattr(llama_cpp, "llama_cpp", None), "_base_path", None)
     folder = pathlib.Path(folder) if folder else pathlib.Path(llama_cpp.__file__).parent / "lib"
     for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
         if (folder / name).exists():
             try:
-                function = ctypes.CDLL(str(folder / name)).ggml_cpu_exact_selftest
-            except (OSError, AttributeError):
+                return ctypes.CDLL(str(folder / name))
+            except OSError:
                 return None
-            function.restype = ctypes.c_int64
-            function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                 ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
-            return function
     return None
+
+
+@lru_cache(maxsize=1)
+def _selftest_function():
+    """``ggml_cpu_exact_selftest`` from the ggml CPU library, or None (a stock build)."""
+    library = _cpu_library()
+    function = getattr(library, "ggml_cpu_exact_selftest", None) if library is not None else None
+    if function is None:
+        return None
+    function.restype = ctypes.c_int64
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    return function
+
+
+def kernel_generation() -> int:
+    """Which of specdec's kernel patches the installed llama.cpp carries: 0 none (the stock library),
+    1 the exact multi-row kernels and their self-test, 2 also the multi-row Q4_K GEMV that replaces
+    ggml's GEMM (cheaper 2-8-row forwards). Measurements cached per library (the cost curve) name it."""
+    if _selftest_function() is None:
+        return 0
+    library = _cpu_library()
+    return 2 if getattr(library, "ggml_gemv_q4_K_8x8_q8_K_rows", None) is not None else 1
 
 
 def has_selftest() -> bool:
