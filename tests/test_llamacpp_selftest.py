@@ -101,11 +101,9 @@ def test_the_library_names_its_kernel_generation_in_the_cost_curve_key():
     multi-row Q4_K GEMV makes 2-8 rows far cheaper), so the cached curve's key names it."""
     from specdec.backends.llamacpp_lib import kernel_generation
 
-    generation = kernel_generation()
-    assert generation >= 1
     # make setup builds the patch this checkout carries: its generation is the newest
-    assert generation == 2, "the installed llama.cpp predates the multi-row Q4_K GEMV: run make setup"
+    assert kernel_generation() == 2, "the installed llama.cpp predates the multi-row Q4_K GEMV: run make setup"
     import specdec
 
     model = specdec.load("smollm2-135m", backend="llamacpp")
-    assert model.loaded.cost_key.endswith("-rows-gen2") or "-rows-gen2-" in model.loaded.cost_key
+    assert "-rows-gen2" in model.loaded.cost_key
