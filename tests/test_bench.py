@@ -87,6 +87,7 @@ def test_baseline_is_added_when_missing(capsys, tmp_path, tiny_model_dir, questi
     (["--methods", "hf-plain", "--backend", "llamacpp"], "runs on --backend transformers"),
     (["--methods", "plain", "--categories", "nope"], "no questions in categories nope"),
     (["--methods", "plain", "--limit", "0"], "--limit"),
+    (["--methods", "plain", "--min-seconds", "-1"], "--min-seconds must be >= 0, got -1.0"),
     ([], "give --methods"),
 ])
 def test_bench_errors(capsys, tmp_path, tiny_model_dir, questions, argv, message):
@@ -257,6 +258,46 @@ def test_repeats_run_every_method_r_times_and_keep_the_fastest():
     assert plain.calls == spec.calls == 1 + 2 * 3  # one warm-up, then R per question
     assert [r.wall_s for r in bench.runs["plain"]] == [1.0, 4.0]
     assert [r.wall_s for r in bench.runs["ngram"]] == [0.5, 1.0]
+
+
+def test_min_seconds_adds_rounds_to_short_questions_only():
+    """A question whose runs are short gets rounds until every method has spent min_seconds on it
+    (at most MAX_ROUNDS); a long one keeps its R rounds; the fastest run still counts."""
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import MAX_ROUNDS, run_bench
+
+    class Timed(Method):
+        def __init__(self, name, walls):
+            self.name, self.family, self.walls, self.calls = name, "ours", walls, []
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            if max_new_tokens <= 4:
+                return RunResult([1], 0.0)  # the warm-up
+            wall = self.walls[prompt_ids[0]].pop(0)
+            self.calls.append(prompt_ids[0])
+            return RunResult([1, 2], wall)
+
+    class FakeModel:
+        has_chat_template = False
+
+        @property
+        def loaded(self):
+            return self
+
+        def encode(self, text, chat=False):
+            return [ord(text[0]) - ord("a")]
+
+    # Question a: runs of 5 s (3 rounds reach min_seconds=4); b: 1 s for plain, 0.5 s for ngram
+    # (ngram needs 8 rounds to reach 4 s; the 6th is its fastest); c: never reaches it (capped).
+    plain = Timed("plain", {0: [5.0] * 3, 1: [1.0] * 8, 2: [0.1] * MAX_ROUNDS})
+    spec = Timed("ngram", {0: [4.0, 5.0, 4.5], 1: [0.5] * 5 + [0.3] + [0.6] * 2, 2: [0.1] * MAX_ROUNDS})
+    qs = [Question(1, "x", "a"), Question(2, "x", "b"), Question(3, "x", "c")]
+    bench = run_bench(FakeModel(), [plain, spec], qs, 8, greedy=True, repeats=3, min_seconds=4.0)
+    for method in (plain, spec):
+        assert method.calls == [0] * 3 + [1] * 8 + [2] * MAX_ROUNDS
+    assert [r.wall_s for r in bench.runs["ngram"]] == [4.0, 0.3, 0.1]
+    assert [r.wall_s for r in bench.runs["plain"]] == [5.0, 1.0, 0.1]
 
 
 def test_a_crashing_peer_is_dropped_and_reported_while_ours_must_not_crash():

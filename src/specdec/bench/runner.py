@@ -32,6 +32,7 @@ class BenchRun:
 
 
 WARMUP_PROMPT = "Say hello."
+MAX_ROUNDS = 12  # most rounds of a question that min_seconds adds
 
 
 def snapshot(state: Learned) -> Learned:
@@ -59,13 +60,17 @@ def snapshot(state: Learned) -> Learned:
 
 def run_bench(model: Model, methods: list[Method], questions: list[Question], max_new_tokens: int,
               greedy: bool, seed: int | None = None,
-              on_result: Callable[[BenchRun, int], None] | None = None, repeats: int = 1) -> BenchRun:
+              on_result: Callable[[BenchRun, int], None] | None = None, repeats: int = 1,
+              min_seconds: float = 0.0) -> BenchRun:
     """Each question runs every method, the order rotating per question (and per repeat), so that
     machine noise hits all methods alike; one warm-up call per method comes first.
 
     With ``repeats`` > 1 each method runs that many times per question and the fastest run counts:
     on this VM noise only ever adds time (identical runs differ by up to +-12% per category at two
-    questions each), and the minimum is the estimate least affected by it.
+    questions each), and the minimum is the estimate least affected by it. ``min_seconds`` adds
+    rounds (up to :data:`MAX_ROUNDS`) until every method has spent that long on the question: a
+    20-token answer takes under a second, and three runs of it can all fall in one slow spell of the
+    machine, where three runs of a 256-token answer cannot.
     """
     chat = model.has_chat_template
     if not chat and any(q.conversation is not None for q in questions):
@@ -98,8 +103,10 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
         attempt(method, warmup, min(4, max_new_tokens), seed)
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
-        before = {name: snapshot(state) for name, state in learned.items()} if repeats > 1 else {}
-        for r in range(repeats):
+        before = {name: snapshot(state) for name, state in learned.items()} if repeats > 1 or min_seconds else {}
+        spent: dict[str, float] = {}
+        r = 0
+        while r < repeats or (r < MAX_ROUNDS and min((spent.get(m.name, 0.0) for m in bench.methods), default=min_seconds) < min_seconds):
             current = list(bench.methods)
             shift = (i + r) % len(current)
             for method in current[shift:] + current[:shift]:
@@ -108,8 +115,11 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
                 model.loaded.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
                 result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i, questions[i])
                 learned[method.name] = model.loaded.learned
-                if result is not None and (method.name not in fastest or result.wall_s < fastest[method.name].wall_s):
-                    fastest[method.name] = result
+                if result is not None:
+                    spent[method.name] = spent.get(method.name, 0.0) + result.wall_s
+                    if method.name not in fastest or result.wall_s < fastest[method.name].wall_s:
+                        fastest[method.name] = result
+            r += 1
         for method in bench.methods:
             bench.runs[method.name].append(fastest[method.name])
         if on_result:

@@ -40,6 +40,10 @@ def add_parser(sub) -> None:
     bench.add_argument("--repeats", type=int, default=1, metavar="R",
                        help="run each method R times per question and keep the fastest (timing noise on a "
                             "shared VM only adds time; default 1)")
+    bench.add_argument("--min-seconds", type=float, default=0.0, metavar="S",
+                       help="add rounds of a question (beyond --repeats, up to 12 in all) until each method has "
+                            "run it for S seconds in total: short answers get more runs, so their fastest run is "
+                            "as sure as a long answer's (default 0: --repeats rounds)")
     add_sampling_options(bench)
     bench.add_argument("--methods", help="comma-separated: " + ", ".join(method_forms()))
     bench.add_argument("--cost-curve", action="store_true",
@@ -51,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args.limit, "--limit")
     check_positive(args.max_new_tokens, "--max-new-tokens")
     check_positive(args.repeats, "--repeats")
+    if not args.min_seconds >= 0:
+        raise SpecdecError(f"--min-seconds must be >= 0, got {args.min_seconds}")
     base = option_forms.from_args(args)  # the sampling every method shares; a method adds its own options
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "exact": model.exact,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                     "repeats": args.repeats, "cpu": machine_tag(), **provenance(), "methods": {}}
+                     "repeats": args.repeats, "min_seconds": args.min_seconds, "cpu": machine_tag(), **provenance(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         if bench.failed:
@@ -155,7 +161,7 @@ def _run(model, methods, questions, args, console: Console):
             live.update(Group(progress, results_table(summarize(bench, model, i + 1, divergences=False), overall_only=True)))
 
         bench = run_bench(model, methods, questions, args.max_new_tokens, args.temperature == 0, args.seed, update,
-                          args.repeats)
+                          args.repeats, args.min_seconds)
     summary = summarize(bench, model)
     console.print(results_table(summary))
     for name, error in bench.failed.items():
