@@ -104,9 +104,11 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
         before = {name: snapshot(state) for name, state in learned.items()} if repeats > 1 or min_seconds else {}
-        spent: dict[str, float] = {}
+        spent: dict[str, float] = {}  # seconds each method has run this question
         r = 0
-        while r < repeats or (r < MAX_ROUNDS and min((spent.get(m.name, 0.0) for m in bench.methods), default=min_seconds) < min_seconds):
+        def short() -> bool:
+            return min((spent.get(m.name, 0.0) for m in bench.methods), default=min_seconds) < min_seconds
+        while r < repeats or (r < MAX_ROUNDS and short()):
             current = list(bench.methods)
             shift = (i + r) % len(current)
             for method in current[shift:] + current[:shift]:

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "exact": model.exact,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                     "repeats": args.repeats, "min_seconds": args.min_seconds, "cpu": machine_tag(), **provenance(), "methods": {}}
+                     "repeats": args.repeats, "min_seconds": args.min_seconds, "cpu": machine_tag(),
+                     **provenance(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         if bench.failed:
