@@ -67,8 +67,7 @@ class OracleMethod(Method):
         wall = time.perf_counter() - t0
         if out.token_ids != reference:
             raise RuntimeError("the oracle's output differs from plain decoding")
-        return RunResult(out.token_ids, wall, stats=out.stats, gen_s=out.stats.wall_s - out.stats.prefill_s,
-                         gen_tokens=len(out.token_ids))
+        return RunResult.of(out, wall)
 
 
 def main() -> None:

@@ -55,6 +55,13 @@ class RunResult:
     def target_forwards(self) -> int | None:
         return self.stats.target_forwards if self.stats is not None else self.peer_forwards
 
+    @classmethod
+    def of(cls, out, wall_s: float) -> RunResult:
+        """One of our generations (a :class:`specdec.api.Output`) that took ``wall_s``: its
+        counters, and its time after the prompt as ``gen_s`` with every new token."""
+        return cls(out.token_ids, wall_s, stats=out.stats, gen_s=out.stats.wall_s - out.stats.prefill_s,
+                   gen_tokens=len(out.token_ids))
+
 
 def joined(parts: list[RunResult], outcome: dict | None = None) -> RunResult:
     """The turns of one conversation as one result: tokens in turn order, times and counters

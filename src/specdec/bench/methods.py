@@ -68,8 +68,7 @@ class OurMethod(Method):
         t0 = time.perf_counter()
         out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model)
         wall = time.perf_counter() - t0
-        return RunResult(out.token_ids, wall, stats=out.stats, gen_s=out.stats.wall_s - out.stats.prefill_s,
-                         gen_tokens=len(out.token_ids))
+        return RunResult.of(out, wall)
 
 
 @dataclass
