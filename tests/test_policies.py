@@ -65,6 +65,43 @@ def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
     assert policy.choose(sure) == START_WINDOW
 
 
+# This machine's exact llama.cpp curve (1.5B Q4_K_M, 2-core EPYC), in one-row forwards: 6 rows are
+# a dip (0.48 a row) that 16 and 32 rows beat (0.47, 0.44), past a window of 11.
+DIP = CostModel({1: 1.0, 2: 1.43, 3: 1.84, 4: 2.29, 5: 2.71, 6: 2.87, 7: 3.46, 8: 3.87, 9: 4.96, 10: 5.1,
+                 11: 5.38, 12: 6.09, 13: 6.54, 14: 6.81, 15: 7.12, 16: 7.47, 24: 11.55, 32: 14.1, 48: 24.5,
+                 64: 30.1})
+
+
+def test_a_copy_held_short_by_a_dip_in_the_curve_still_earns_long_drafts():
+    """Sure drafts that the curve cut at its dip (5 tokens: 6 rows, though the window allows 11)
+    earn the window's doubling when kept whole, so a long copy reaches the 32 rows that verify a
+    token cheapest, instead of 5 tokens a step for ever (as it did before: 3, 5, 5, 5, ...)."""
+    policy = AdaptiveK(DIP, k=63)
+    policy.begin(_Target())
+    sure = draft([0.995] * 63)
+    chosen = []
+    for _ in range(6):
+        n = policy.choose(sure)
+        chosen.append(n)
+        policy.observe(n, n, 0.0)
+    assert chosen == [3, 5, 15, 31, 31, 31]  # 5: the dip, inside a window of 7
+
+
+def test_drafts_cut_by_their_odds_grow_the_window_from_what_was_verified():
+    """A prose draft whose odds fall fast (the odds, not the curve, cut it) earns only twice what
+    was verified, even where the curve has a dip."""
+    policy = AdaptiveK(DIP, k=63)
+    policy.begin(_Target())
+    fading = draft([0.9, 0.8, 0.5, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
+    chosen = []
+    for _ in range(4):
+        n = policy.choose(fading)
+        chosen.append(n)
+        policy.observe(n, n, 0.0)
+    assert 0 < min(chosen) and max(chosen) < 5
+    assert policy.window == 2 * (max(chosen) + 1) - 1
+
+
 def test_the_window_grows_from_what_was_verified_not_from_the_window():
     """Short drafts accepted whole (the curve cut them to 3 tokens: 4 rows) earn 7-token drafts (8
     rows), not the 15, 31 that doubling the window on every success would allow."""

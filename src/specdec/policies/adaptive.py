@@ -46,6 +46,13 @@ CALIBRATION_RANGE = (0.1, 4.0)  # the odds factor's bounds
 # cut to 2-3 tokens succeed now and then, and doubling the window on each would license a 16-token
 # guess no 16-token draft had earned, whose miss costs 16 rows where a plain step costs one.
 START_WINDOW = 3
+# ... except where the curve, not the draft's odds, stopped a draft short of the window: a CPU's
+# curve can dip at a few rows (here 6 rows cost 2.9 one-row forwards, 8 cost 3.9, 16 cost 7.5, 32
+# cost 14.1: a token is cheapest verified 32 at a time, but within a window of 11, 6 rows win), so a
+# copy verified 5 tokens at a time would never earn the window where its long drafts pay. A draft
+# the curve cut while its odds of surviving to the window's end were at least GROW_SURVIVAL earns
+# the window's doubling when it is kept whole. In prose the odds, not the curve, cut drafts short.
+GROW_SURVIVAL = 0.5
 
 
 class AdaptiveK(DraftPolicy):
@@ -85,6 +92,7 @@ class AdaptiveK(DraftPolicy):
         self._calibration = _fresh_calibration()  # this generation's judged tokens: accepted, predicted, count
         self._verified: list[float] = []  # the confidence of the tokens the last choice verified
         self.window = min(k, START_WINDOW)  # the longest draft this generation verifies now
+        self._short_by_curve = False  # the last choice stopped short of a window it could fill
 
     def begin(self, target, drafter=None) -> None:
         self.costs = target.forward_costs(self.curve)
@@ -93,6 +101,7 @@ class AdaptiveK(DraftPolicy):
         self._calibration = _fresh_calibration()
         self._verified = []
         self.window = min(self.k, START_WINDOW)
+        self._short_by_curve = False
 
     def calibration(self) -> float:
         """The odds factor of this generation's drafts: the odds of their observed acceptance over
@@ -153,13 +162,17 @@ class AdaptiveK(DraftPolicy):
         cost = self._cost(draft)
         best_i, best_rate = 0, (1 + MIN_GAIN) / cost(0)
         expected = 1.0
-        for i, survive in enumerate(path_probabilities(parents, confidence)[:self.window], start=1):
+        survival = path_probabilities(parents, confidence)
+        for i, survive in enumerate(survival[:self.window], start=1):
             expected += survive
             rate = expected / cost(i)
             if rate > best_rate:
                 best_i, best_rate = i, rate
         # What the verified tokens were believed to be worth (a chain's; a tree's path is judged node by node)
         self._verified = list(draft.confidence[:best_i]) if draft.confidence and draft.parents is None else []
+        reach = min(self.window, len(draft))
+        self._short_by_curve = (0 < best_i < reach and draft.parents is None
+                                and survival[reach - 1] >= GROW_SURVIVAL)
         if best_i == 0 and len(draft):
             accepted, predicted, judged = self._calibration
             believed = predicted / judged
@@ -206,9 +219,11 @@ class AdaptiveK(DraftPolicy):
             judged = accepted + (accepted < drafted)
             self.acceptance += 0.1 * (accepted / judged - self.acceptance)
             if accepted == drafted:
-                self.window = min(self.k, max(self.window, 2 * (drafted + 1) - 1))
+                earned = self.window if self._short_by_curve else drafted  # see GROW_SURVIVAL
+                self.window = min(self.k, max(self.window, 2 * (earned + 1) - 1))
             else:
                 self.window = min(self.k, max(START_WINDOW, accepted + 1))
+            self._short_by_curve = False
             if self._verified:
                 self._calibration[0] += accepted
                 self._calibration[1] += sum(self._verified[:judged])
