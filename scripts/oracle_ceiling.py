@@ -19,34 +19,17 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import specdec
 from specdec.bench.base import Method, RunResult
 from specdec.bench.methods import MethodFactory
+from specdec.bench.oracle import OracleDrafter
 from specdec.bench.questions import load_questions
 from specdec.bench.runner import run_bench, summarize
 from specdec.commands.bench import provenance
 from specdec.cpu import machine_tag
-from specdec.drafters.base import Drafter
 from specdec.options import GenerationOptions
-from specdec.types import Draft
-
-
-class OracleDrafter(Drafter):
-    """Drafts the known plain continuation (``reference``: prompt + plain output), confidence 1."""
-
-    name = "oracle"
-
-    def __init__(self, reference: Sequence[int]) -> None:
-        self.reference = list(reference)
-
-    def propose(self, tokens, k, stop=None) -> Draft:
-        if list(tokens) != self.reference[:len(tokens)]:
-            raise RuntimeError("the context left plain decoding's: the oracle has nothing to draft from")
-        nxt = self.reference[len(tokens):len(tokens) + k]
-        return Draft(nxt, confidence=[1.0] * len(nxt))
 
 
 class OracleMethod(Method):

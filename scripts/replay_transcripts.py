@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.backends.base import Backend
+from specdec.bench.oracle import OracleDrafter
 from specdec.costs import CostModel, _parse_seconds
 from specdec.drafters.base import Drafter
 from specdec.engine import DecodeConfig, DecodeRun
-from specdec.types import Draft
 
 OVERHEAD_S = 0.0065  # a decoding step's own seconds beside its forward, measured on the 1.5B here
 
@@ -74,17 +74,6 @@ class KnownAnswer(Backend):
         return self.curve
 
 
-class Oracle(Drafter):
-    """Drafts the known answer, at confidence 1 (the ceiling any drafter reaches)."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def propose(self, tokens, k, stop=None):
-        nxt = self.state["reference"][len(tokens):len(tokens) + k]
-        return Draft(nxt, confidence=[1.0] * len(nxt))
-
-
 @dataclass
 class Tally:
     tokens: int = 0
@@ -101,10 +90,11 @@ class Tally:
         part[1] += seconds
 
 
-def build(spec: str, curve: CostModel, state: dict):
+def build(spec: str, curve: CostModel, state: dict, reference: Sequence[int]):
     """A drafter and policy for a method string: ``ngram``, ``ngram+memory``, ``arctic-suffix``,
-    ``oracle``; ``:k=N`` verifies a fixed N tokens instead of the adaptive policy. Learned state
-    (acceptance tables, a global tree or memory) lives in ``state`` across the replay's turns."""
+    ``oracle`` (drafting ``reference``); ``:k=N`` verifies a fixed N tokens instead of the adaptive
+    policy. Learned state (acceptance tables, a global tree or memory) lives in ``state`` across the
+    replay's turns."""
     from specdec.policies.adaptive import AdaptiveK
     from specdec.policies.fixed import FixedK
     head, _, rest = spec.partition(":")
@@ -120,7 +110,7 @@ def build(spec: str, curve: CostModel, state: dict):
         from specdec.drafters.arctic_suffix import ARCTIC_CACHE, ArcticSuffixDrafter
         drafter = ArcticSuffixDrafter(state.setdefault("cache", ARCTIC_CACHE.make()))
     elif head == "oracle":
-        drafter = Oracle(state)
+        drafter = OracleDrafter(reference)
     else:
         raise SystemExit(f"unknown method {spec!r}: ngram, ngram+memory, arctic-suffix, oracle")
     return drafter, FixedK(int(settings["k"])) if "k" in settings else AdaptiveK(curve)
@@ -132,8 +122,7 @@ def replay(turns: list[dict], spec: str, curve: CostModel, vocab_size: int, over
     tally = Tally()
     for turn in turns:
         reference = turn["prompt"] + turn["output"]
-        state["reference"] = reference
-        drafter, policy = build(spec, curve, state) if spec != "plain" else (None, None)
+        drafter, policy = build(spec, curve, state, reference) if spec != "plain" else (None, None)
         run = DecodeRun(KnownAnswer(reference, vocab_size, curve), turn["prompt"],
                         DecodeConfig(max_new_tokens=len(turn["output"])), drafter, policy)
         out = run.run()
