@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.backends.base import Backend
-from specdec.bench.oracle import OracleDrafter
+from specdec.bench.oracle import HindsightCut, OracleDrafter
 from specdec.costs import CostModel, _parse_seconds
 from specdec.drafters.base import Drafter
 from specdec.engine import DecodeConfig, DecodeRun
@@ -93,8 +93,10 @@ class Tally:
 def build(spec: str, curve: CostModel, state: dict, reference: Sequence[int]):
     """A drafter and policy for a method string: ``ngram``, ``ngram+memory``, ``arctic-suffix``,
     ``oracle`` (drafting ``reference``); ``:k=N`` verifies a fixed N tokens instead of the adaptive
-    policy. Learned state (acceptance tables, a global tree or memory) lives in ``state`` across the
-    replay's turns."""
+    policy; ``:cut=N`` drafts the drafter's chain of up to N tokens cut in hindsight where the
+    target would reject it (:class:`HindsightCut`: the best any policy could do with its
+    candidates). Learned state (acceptance tables, a global tree or memory) lives in ``state``
+    across the replay's turns."""
     from specdec.policies.adaptive import AdaptiveK
     from specdec.policies.fixed import FixedK
     head, _, rest = spec.partition(":")
@@ -113,6 +115,8 @@ def build(spec: str, curve: CostModel, state: dict, reference: Sequence[int]):
         drafter = OracleDrafter(reference)
     else:
         raise SystemExit(f"unknown method {spec!r}: ngram, ngram+memory, arctic-suffix, oracle")
+    if "cut" in settings:
+        return HindsightCut(drafter, reference), FixedK(int(settings["cut"]))
     return drafter, FixedK(int(settings["k"])) if "k" in settings else AdaptiveK(curve)
 
 
@@ -167,6 +171,13 @@ def record(questions: str, limit: int | None, max_new_tokens: int, out: str) -> 
         json.dump({"questions": questions, "max_new_tokens": max_new_tokens, "turns": turns}, f)
 
 
+def held_out(qid, skip: set[str]) -> bool:
+    """Whether a recorded question is one of ``skip``: Spec-Bench's ids are numbers, and an edit
+    task's id is its problem's with the task after a colon (``HumanEval/16:rename``)."""
+    qid = str(qid)
+    return qid in skip or qid.split(":")[0] in skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     rep.add_argument("transcripts")
     rep.add_argument("--costs", required=True, help="a cost curve JSON from specdec's cache (costs/)")
     rep.add_argument("--methods", default="ngram,arctic-suffix:k=16,oracle")
-    rep.add_argument("--skip", default="", help="question ids to leave out (held-out prompts), comma-separated")
+    rep.add_argument("--skip", default="", help="question ids to leave out (held-out prompts), comma-separated; a problem's id leaves its edit tasks out too")
     rep.add_argument("--vocab-size", type=int, default=151936)
     rep.add_argument("--overhead", type=float, default=OVERHEAD_S)
     args = parser.parse_args(argv)
@@ -191,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     curve = FixedCurve(seconds, fraction * seconds[1])
     with open(args.transcripts, encoding="utf-8") as f:
         skip = set(filter(None, args.skip.split(",")))
-        turns = [t for t in json.load(f)["turns"] if t.get("qid") not in skip]
+        turns = [t for t in json.load(f)["turns"] if not held_out(t.get("qid"), skip)]
     results = {spec: replay(turns, spec, curve, args.vocab_size, args.overhead)
                for spec in ["plain", *args.methods.split(",")]}
     base = results["plain"].tokens / results["plain"].seconds

@@ -26,3 +26,33 @@ class OracleDrafter(Drafter):
             raise RuntimeError("the context left plain decoding's: the oracle has nothing to draft from")
         nxt = self.reference[len(tokens):len(tokens) + k]
         return Draft(nxt, confidence=[1.0] * len(nxt))
+
+
+class HindsightCut(Drafter):
+    """Another drafter's own candidates, each cut in hindsight at the prefix the target keeps.
+
+    It drafts what ``inner`` would (its chain up to ``k`` tokens, no stop) but only the tokens that
+    plain decoding's continuation (``reference``) confirms, at confidence 1: a perfect length
+    choice on that drafter's candidates. Its gap to the drafter under a real policy is what any
+    policy could still win on them; its gap to :class:`OracleDrafter` is what better candidates
+    could. The inner drafter learns nothing from these steps (its estimates are not used)."""
+
+    name = "cut"
+
+    def __init__(self, inner: Drafter, reference: Sequence[int]) -> None:
+        self.inner = inner
+        self.reference = list(reference)
+
+    def begin(self, prompt, sampler) -> None:
+        self.inner.begin(prompt, sampler)
+
+    def propose(self, tokens, k, stop=None) -> Draft:
+        candidate = self.inner.propose(tokens, k).tokens
+        right = self.reference[len(tokens):len(tokens) + len(candidate)]
+        kept = 0
+        while kept < len(right) and candidate[kept] == right[kept]:
+            kept += 1
+        return Draft(candidate[:kept], confidence=[1.0] * kept)
+
+    def close(self) -> None:
+        self.inner.close()
