@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specdec.drafters.base import Drafter
+from specdec.drafting.acceptance import kept_prefix
 from specdec.types import Draft
 
 
@@ -48,10 +49,7 @@ class HindsightCut(Drafter):
 
     def propose(self, tokens, k, stop=None) -> Draft:
         candidate = self.inner.propose(tokens, k).tokens
-        right = self.reference[len(tokens):len(tokens) + len(candidate)]
-        kept = 0
-        while kept < len(right) and candidate[kept] == right[kept]:
-            kept += 1
+        kept = kept_prefix(candidate, self.reference[len(tokens):len(tokens) + len(candidate)])
         return Draft(candidate[:kept], confidence=[1.0] * kept)
 
     def close(self) -> None:

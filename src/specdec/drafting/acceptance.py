@@ -78,9 +78,7 @@ class Hindsight:
         waiting = []
         for position, tokens, features in self._pending:
             followed = context[position:position + len(tokens)]
-            kept = 0
-            while kept < len(followed) and followed[kept] == tokens[kept]:
-                kept += 1
+            kept = kept_prefix(tokens, followed)
             missed = kept < len(followed)
             if not (missed or final or len(followed) == len(tokens)):
                 waiting.append((position, tokens, features))
@@ -90,3 +88,12 @@ class Hindsight:
 
     def clear(self) -> None:
         self._pending = []
+
+
+def kept_prefix(tokens: Sequence[int], followed: Sequence[int]) -> int:
+    """How many of a deterministic draft's ``tokens`` verification keeps, given the tokens the
+    target produced after the same context (``followed``, as far as it has reached)."""
+    kept = 0
+    while kept < min(len(tokens), len(followed)) and tokens[kept] == followed[kept]:
+        kept += 1
+    return kept
