@@ -10,6 +10,7 @@ import torch
 
 from conftest import twin_rollback_walk
 from specdec.backends.hf import HFBackend
+from specdec.backends.hf_static import HFStaticBackend
 from specdec.backends.toy import ToyLM
 from specdec.devices import kind
 from specdec.engine import DecodeConfig, decode
@@ -77,9 +78,10 @@ def test_toy_backend_contract():
 
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_gemma3"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_hf_backend_contract(request, which, seed):
+@pytest.mark.parametrize("cache", [HFBackend, HFStaticBackend], ids=["growing", "static"])
+def test_hf_backend_contract(request, which, seed, cache):
     model = request.getfixturevalue(which)
-    assert random_walk(lambda: HFBackend(model), 96, seed=seed, steps=30) == 30
+    assert random_walk(lambda: cache(model), 96, seed=seed, steps=30) == 30
 
 
 def test_hf_backend_rollback_past_the_sliding_window(tiny_gemma3):

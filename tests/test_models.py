@@ -46,8 +46,8 @@ def test_the_cli_loads_the_default_draft_model_when_none_is_given(capsys, monkey
     assert code != 0 and "both loaded" in capsys.readouterr().err
     assert resolved == [(QWEN, "llamacpp"), (QWEN_DRAFT, "llamacpp")]
     assert [name for name, _ in loaded] == [QWEN, QWEN_DRAFT]
-    assert loaded[0][1] == loaded[1][1] == {"dtype": "float32", "backend": "llamacpp", "exact": None, "device": "cpu",
-                                            "threads": None, "context": None}
+    assert loaded[0][1] == loaded[1][1] == {"dtype": "float32", "backend": "llamacpp", "exact": None, "graphs": None,
+                                            "device": "cpu", "threads": None, "context": None}
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["serve"]])

@@ -443,8 +443,8 @@ def test_a_config_files_settings_are_the_serve_flags(tiny_model_dir, tiny_draft_
                            "num_draft": 3, "verify": "rejection", "slots": 2, "max_tokens": 40})
     assert named.config == serve_config(flags)
     assert (named.model, named.draft_model) == (flags.model, flags.draft_model)
-    assert named.load == {"backend": "transformers", "dtype": "float32", "exact": None, "device": "cpu",
-                          "threads": None, "context": None}
+    assert named.load == {"backend": "transformers", "dtype": "float32", "exact": None, "graphs": None,
+                          "device": "cpu", "threads": None, "context": None}
     assert named.scaling.fixed == 2 and not named.scaling.autoscaled
     assert settings_from({"min_replicas": 1, "max_replicas": 3}).scaling.fixed is None
 

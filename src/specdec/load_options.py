@@ -1,7 +1,7 @@
 """What a model is loaded with, and what a server is set up with: declared once, as generation
 options are (:mod:`specdec.options`).
 
-:data:`LOAD` (backend, dtype, exact kernels, device, threads, context) and :data:`SERVE` (slots,
+:data:`LOAD` (backend, dtype, exact kernels, CUDA graphs, device, threads, context) and :data:`SERVE` (slots,
 max tokens, batching, whether clients share the index of earlier outputs) are :class:`~specdec.options.Option` specs; :class:`LoadOptions` and
 :class:`ServeOptions` hold their validated values. :func:`specdec.load`, every command's flags
 (:mod:`specdec.option_forms`), the server's settings and a Ray Serve config file's ``args``
@@ -48,6 +48,9 @@ LOAD: tuple[Option, ...] = (
     Option("exact", bool, None, "batch-invariant kernels, so speculative output equals plain decoding's token for "
                                 "token even at near-ties (llama.cpp: on by default where its build allows it; "
                                 "--no-exact runs its fastest kernels)", nullable=True, scope="load"),
+    Option("graphs", bool, None, "on a GPU, a static KV cache and every decoding forward replayed from a captured CUDA "
+                                 "graph, its kernels compiled (default: on with --device cuda; --no-graphs runs eager "
+                                 "PyTorch; on a CPU the static cache without capture)", nullable=True, scope="load"),
     Option("device", str, "cpu", "where the model runs: cpu, cuda, cuda:N (a GPU, on the transformers backend) or "
                                  "auto (the first GPU if there is one)", _device_form, metavar="DEVICE", scope="load"),
     Option("threads", int, None, "CPU threads a forward uses (default: every core)", at_least(1), nullable=True,
@@ -96,6 +99,7 @@ class LoadOptions:
     backend: str = _spec(LOAD, "backend").default
     dtype: str = _spec(LOAD, "dtype").default
     exact: bool | None = _spec(LOAD, "exact").default
+    graphs: bool | None = _spec(LOAD, "graphs").default
     device: str = _spec(LOAD, "device").default
     threads: int | None = _spec(LOAD, "threads").default
     context: int | None = _spec(LOAD, "context").default

@@ -63,6 +63,10 @@ class Backend(ABC):
         """Forget the whole sequence."""
         self.truncate(0)
 
+    def reserve(self, tokens: int) -> None:
+        """The sequence will hold up to ``tokens`` tokens (prompt and answer): a backend whose KV
+        cache has a fixed size sizes it now, rather than growing it mid-generation."""
+
     def prefill(self, tokens: Sequence[int]) -> int:
         """Fill the cache with ``tokens`` without needing their logits; return how many of them a
         backend took from the cache of an earlier prompt instead of computing them."""
