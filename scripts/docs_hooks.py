@@ -6,7 +6,9 @@ Generated parts of pages, so that nothing the code knows is copied by hand:
   parsers (which are built from the option specs in :mod:`specdec.options` and the registries);
 - ``<!-- registry: drafters|policies|backends -->``: what is registered, with its help and options;
 - ``<!-- bench: RUN [methods=a,b] -->`` and ``<!-- bench-categories: RUN [methods=a,b] -->``:
-  tables from ``bench-results/RUN/results.json`` (:mod:`bench_tables`).
+  tables from ``bench-results/RUN/results.json`` (:mod:`bench_tables`);
+- ``<!-- gpu: architectures|pair|smollm2 -->``: the GPU check's tables from
+  ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`).
 
 The committed benchmark results are also published with the site (``bench-results/``), so the
 pages can link to the raw numbers.
@@ -24,8 +26,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_tables  # noqa: E402
+import gpu_tables  # noqa: E402
 
-MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories):\s*([^\s>]+)((?:\s+\w+=[^\s>]+)*)\s*-->")
+MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|gpu):\s*([^\s>]+)((?:\s+\w+=[^\s>]+)*)\s*-->")
 PUBLISHED = (".json", ".jsonl", ".png")
 
 
@@ -101,6 +104,8 @@ def _render(match: re.Match) -> str:
         return registry_table(arg)
     if kind == "bench":
         return bench_tables.table(arg, methods)
+    if kind == "gpu":
+        return gpu_tables.table(arg)
     return bench_tables.categories(arg, methods)
 
 

@@ -1,19 +1,22 @@
-"""The GPU check: specdec on one CUDA GPU, in minutes, with what that machine has (PyTorch and
-transformers; no network). Writes OUT/report.json and prints a summary.
+"""The GPU check: specdec's engine on one CUDA GPU, in minutes, with what that machine has (PyTorch
+and transformers; no network). Writes OUT/report.json after every step and prints a summary.
 
-1. Architectures with random weights, built on the device from the shipped models' configurations
-   (scripts/gpu_archs.json: Qwen2.5-Coder 1.5B and 0.5B from their GGUF metadata, the 7B from its
-   published config): each one's cost curve (seconds of a forward of n new tokens, plain shapes and
-   padded to one shape as exact runs them), and the exactness check: the model drafting for itself
-   must accept every token and give plain decoding's output (random weights give near-uniform
-   logits, the hardest case). Unpadded, the share of identical outputs and the top-2 logit margin
-   where they part are reported.
-2. The expected speed-up of a target drafted by a smaller model (the Qwen pair, and the 7B drafted
-   by the 0.5B), *computed* from the measured curves and a per-token acceptance measured elsewhere,
-   beside the adaptive policy's choice of draft length on those curves. A computation, not a run.
-3. With ``--smollm2 GGUF`` (SmolLM2-135M's real weights): Spec-Bench, per category, our plain
-   decoding and n-gram drafter against transformers' plain ``generate`` and its prompt lookup on the
-   same GPU, the outputs compared.
+1. ``arch``: architectures with random weights, built on the device from the shipped models'
+   configurations (scripts/gpu_archs.json: Qwen2.5-Coder 1.5B and 0.5B from their GGUF metadata,
+   the 7B from its published config), run through the engine as it runs on a GPU (a static KV
+   cache, every forward replayed from a captured CUDA graph, exact: one 16-row shape):
+   - the engine's cost curve, and its plain decoding step after a 50-token and a 2,000-token
+     prompt, against a bare replay of its own 16-row graph and against transformers' forward on its
+     StaticCache captured in a graph of the same shape (eager kernels: the reference of earlier runs);
+   - exactness: the model drafting for itself must accept every token and give plain decoding's
+     output (random weights give near-uniform logits, the hardest case);
+   - the 7B drafted by the 0.5B: both run through the engine with graphs (random weights, so nothing
+     is accepted), its draft and verification step costs measured, and the speed-up *computed* from
+     them and a per-token acceptance measured on the CPU. A computation, not a run.
+2. ``smollm2`` (``--smollm2 GGUF``, SmolLM2-135M's real weights): Spec-Bench, one question per
+   category per round, our plain decoding and n-gram drafter against transformers' ``generate``
+   plain, with its compiled static cache (each prompt timed after a first run) and with prompt
+   lookup, the outputs compared.
 
     python scripts/gpu_check.py --device cuda --smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf --out OUT
     python scripts/gpu_check.py --device cpu --toy --out OUT     # the same code at toy size (the tests)
@@ -22,7 +25,9 @@ transformers; no network). Writes OUT/report.json and prints a summary.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import platform
 import sys
 import time
@@ -36,8 +41,9 @@ sys.path.insert(0, str(ROOT / "src"))  # runs from a copied working tree, specde
 import torch  # noqa: E402
 
 from specdec import devices  # noqa: E402
-from specdec.backends.hf import PAD_ROWS, HFBackend  # noqa: E402
-from specdec.costs import CALIBRATION_SIZES, CostModel, measure_forward_costs  # noqa: E402
+from specdec.backends.hf import PAD_ROWS  # noqa: E402
+from specdec.backends.hf_static import HFStaticBackend, StaticModel  # noqa: E402
+from specdec.costs import CostModel, measure_forward_costs  # noqa: E402
 from specdec.drafters.model import ModelDrafter  # noqa: E402
 from specdec.engine import DecodeConfig, decode  # noqa: E402
 from specdec.policies.adaptive import AdaptiveK  # noqa: E402
@@ -45,9 +51,13 @@ from specdec.policies.fixed import FixedK  # noqa: E402
 
 ARCHS = Path(__file__).with_name("gpu_archs.json")
 ARCH_NAMES = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b")
+TARGET, DRAFT = "qwen2.5-coder-7b", "qwen2.5-coder-0.5b"
 # Per-token acceptance of the 0.5B drafting for the 1.5B: their greedy agreement on HumanEval,
 # measured on the CPU with llama.cpp (../shared/MODELS.md; bench-results/qwen-humaneval).
 PAIR_ACCEPTANCE = 0.979
+PAIR_KS = (4, 8, 12, 15)  # draft lengths timed for the pair (15 + 1 rows: one 16-row verification)
+CURVE_SIZES = (1, 2, 4, 8, 15, 16, 17, 32, 64)
+VARIANTS_ON = "qwen2.5-coder-1.5b"  # the architecture every --attention variant runs on (the first: all)
 TOY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
        "num_key_value_heads": 2, "vocab_size": 512}
 
@@ -66,23 +76,58 @@ def build(arch: dict, device: str, dtype: torch.dtype, toy: bool, seed: int = 0)
     return model.eval()
 
 
-def cost_curve(model, pad: int, sizes, context: list[int], repeats: int) -> dict[int, float]:
-    backend = HFBackend(model, pad)
-    measure_forward_costs(backend, context, sizes, 1)  # warm-up: kernels chosen, memory allocated
-    return measure_forward_costs(backend, context, sizes, repeats)
+def engine_backend(model, shared: StaticModel, pad: int = PAD_ROWS) -> HFStaticBackend:
+    """A sequence as the engine runs it on a GPU: static cache, graphs, one padded shape."""
+    return HFStaticBackend(model, pad, shared)
 
 
-GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+def first_capture_s(model, shared: StaticModel, context: list[int]) -> float:
+    """Seconds of the first forward of a sequence: its graph's capture and (once per model) the
+    compilation of its kernels."""
+    backend = engine_backend(model, shared)
+    backend.prefill(context)
+    t0 = time.perf_counter()
+    _read(backend.extend(context[:1]))
+    return round(time.perf_counter() - t0, 2)
 
 
-def graphed_curve(model, context: list[int], sizes=GRAPH_SIZES, repeats: int = 20) -> dict:
-    """Milliseconds of a forward of n new tokens after ``context`` on a static KV cache, eager and
-    replayed from a captured CUDA graph (launch overhead gone), median of ``repeats``. A measurement
-    beside the engine, which runs eager: it shows what graphs would give the curve and the pair."""
+def compile_state(shared: StaticModel) -> str:
+    """How the engine's kernels run: compiled, eager (compiling failed: the reason went to stderr),
+    or eager as asked (or on a CPU)."""
+    state = getattr(shared.step, "state", None)
+    return "eager" if state is None else "eager (compiling failed)" if state["fallback"] else "compiled"
+
+
+def plain_step_ms(model, shared: StaticModel, prompt: list[int], tokens: int) -> dict:
+    """The engine's plain decoding step (milliseconds a token after the prompt), on a sequence that
+    ran the same generation once before (its graphs captured, its cache sized)."""
+    backend = engine_backend(model, shared)
+    config = DecodeConfig(max_new_tokens=tokens)
+    decode(backend, prompt, config)
+    out = decode(backend, prompt, config)
+    steps = out.stats.target_forwards
+    return {"prompt_tokens": len(prompt), "new_tokens": len(out.token_ids),
+            "step_ms": round((out.stats.wall_s - out.stats.prefill_s) / steps * 1e3, 3),
+            "capacity": backend.cache.capacity}
+
+
+def bare_replay_ms(model, shared: StaticModel, context: list[int], repeats: int = 30) -> float:
+    """A bare replay of the engine's 16-row graph (no inputs copied, nothing read back): the
+    forward alone, launched from its graph."""
+    backend = engine_backend(model, shared)
+    backend.prefill(context)
+    _read(backend.extend(context[:1]))
+    replay = backend._graphs[PAD_ROWS].replay
+    return _median_ms(replay, repeats, backend.device)
+
+
+def reference_graph_ms(model, context: list[int], rows: int = PAD_ROWS, repeats: int = 20) -> float:
+    """Milliseconds of transformers' own forward of ``rows`` tokens on its StaticCache, eager
+    kernels replayed from a captured CUDA graph: the reference of earlier runs, beside the engine."""
     from transformers import StaticCache
 
     device = model.device
-    cache = StaticCache(config=model.config, max_cache_len=len(context) + max(sizes) + 8)
+    cache = StaticCache(config=model.config, max_cache_len=len(context) + rows + 8)
     with torch.inference_mode():
         model(torch.tensor([context], device=device), past_key_values=cache,
               position_ids=torch.arange(len(context), device=device)[None], use_cache=True)
@@ -90,78 +135,116 @@ def graphed_curve(model, context: list[int], sizes=GRAPH_SIZES, repeats: int = 2
     # context's end before every forward (inside the graph too), so each forward rewrites the same slots.
     counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
-    result: dict = {"eager_ms": {}, "graph_ms": {}}
-    for n in sizes:
-        ids = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-        pos = torch.arange(len(context), len(context) + n, device=device)[None]
+    ids = torch.randint(0, model.config.vocab_size, (1, rows), device=device)
+    pos = torch.arange(len(context), len(context) + rows, device=device)[None]
 
-        def forward():
-            for counter in counters:
-                counter.fill_(len(context))
-            return model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
+    def forward():
+        for counter in counters:
+            counter.fill_(len(context))
+        return model(ids, past_key_values=cache, position_ids=pos, use_cache=True).logits
 
-        with torch.inference_mode():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    forward()
-            torch.cuda.current_stream().wait_stream(side)
-            result["eager_ms"][str(n)] = _median_ms(forward, repeats)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
                 forward()
-            result["graph_ms"][str(n)] = _median_ms(graph.replay, repeats)
-        del graph
-    result["graph_rows16_over_1"] = round(result["graph_ms"]["16"] / result["graph_ms"]["1"], 3)
-    return result
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        return _median_ms(graph.replay, repeats, device)
 
 
-def _median_ms(run, repeats: int) -> float:
+def _median_ms(run, repeats: int, device) -> float:
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        devices.synchronize(str(device))
         t0 = time.perf_counter()
         run()
-        torch.cuda.synchronize()
+        devices.synchronize(str(device))
         times.append(time.perf_counter() - t0)
     return round(sorted(times)[len(times) // 2] * 1e3, 3)
 
 
-def top2_margin(model, pad: int, ids: list[int]) -> float:
-    """The gap between the best two logits after ``ids`` (how near a tie the parting token was)."""
-    backend = HFBackend(model, pad)
-    backend.prefill(ids[:-1])
-    top = backend.extend(ids[-1:])[-1].float().topk(2).values
-    return float(top[0] - top[1])
+def _read(logits: torch.Tensor) -> None:
+    float(logits.reshape(-1)[0])  # waits for the device
 
 
-def self_draft(model, pad: int, prompts: list[list[int]], new_tokens: int, k: int) -> dict:
-    """The model drafting for itself, k tokens a step, against plain decoding, on each prompt."""
+def self_draft(model, shared: StaticModel, prompts: list[list[int]], new_tokens: int, k: int) -> dict:
+    """The model drafting for itself, k tokens a step, against plain decoding, on each prompt: both
+    sequences (and the drafter's) on graphs of the one padded shape."""
     config = DecodeConfig(max_new_tokens=new_tokens)
-    identical, accepted, drafted, margins, parted_at = 0, 0, 0, [], []
+    identical, accepted, drafted, parted_at = 0, 0, 0, []
     for prompt in prompts:
-        plain = decode(HFBackend(model, pad), prompt, config)
-        spec = decode(HFBackend(model, pad), prompt, config, ModelDrafter(HFBackend(model, pad)), FixedK(k))
+        plain = decode(engine_backend(model, shared), prompt, config)
+        spec = decode(engine_backend(model, shared), prompt, config,
+                      ModelDrafter(engine_backend(model, shared)), FixedK(k))
         accepted += spec.stats.accepted
         drafted += spec.stats.drafted
         if spec.token_ids == plain.token_ids:
             identical += 1
-            continue
-        at = next(i for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
-        parted_at.append(at)
-        margins.append(top2_margin(model, pad, prompt + plain.token_ids[:at]))
+        else:
+            parted_at.append(next(i for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b))
     return {"prompts": len(prompts), "new_tokens": new_tokens, "k": k, "identical": identical == len(prompts),
             "identical_rate": identical / len(prompts),
-            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-            "parted_at": parted_at, "top2_margins_where_parted": margins}
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None, "parted_at": parted_at}
+
+
+def attention_variant(model, shared: StaticModel, context: list[int], long_prompt: list[int],
+                      prompts: list[list[int]], args) -> dict:
+    """The plain steps (short and long prompt) and the self-draft check again, the decoding steps
+    on another attention (:mod:`specdec.backends.decode_attention`)."""
+    out: dict = {"first_capture_s": first_capture_s(model, shared, context), "kernels": compile_state(shared)}
+    short = plain_step_ms(model, shared, context[:50], args.tokens)
+    long = plain_step_ms(model, shared, long_prompt, args.tokens)
+    out["plain_step"] = {"prompt_50": short, f"prompt_{len(long_prompt)}": long}
+    out["long_over_short"] = round(long["step_ms"] / short["step_ms"], 3)
+    out["graph_replay_16_ms"] = bare_replay_ms(model, shared, context)
+    out["step_over_graph_replay_16"] = round(short["step_ms"] / out["graph_replay_16_ms"], 3)
+    out["self_draft"] = self_draft(model, shared, prompts, args.tokens, args.k)
+    return out
+
+
+def pair_steps(target, target_shared, draft, draft_shared, context: list[int], tokens: int) -> dict:
+    """Milliseconds of the engine's steps for the target drafted by the draft model, k tokens a
+    step (FixedK), both on graphs: what drafting k tokens costs and what verifying them costs."""
+    out = {}
+    for k in PAIR_KS:
+        backend = engine_backend(target, target_shared)
+        drafter_backend = engine_backend(draft, draft_shared)
+        config = DecodeConfig(max_new_tokens=tokens)
+        for _ in range(2):  # the first run captures the graphs
+            run = decode(backend, context, config, ModelDrafter(drafter_backend), FixedK(k))
+        # Steps of a whole draft (the last ones of a run draft less: nothing is drafted past the end).
+        whole = [s for s in run.trace if len(s.drafted) == k]
+        out[k] = {"draft_ms": round(sum(s.draft_s for s in whole) / len(whole) * 1e3, 3),
+                  "verify_ms": round(sum(s.verify_s for s in whole) / len(whole) * 1e3, 3), "steps": len(whole)}
+    return out
+
+
+def pair_speedup(plain_ms: float, steps: dict, acceptance: float) -> dict:
+    """Tokens per second of drafting k tokens over plain decoding, from the engine's measured step
+    costs: each draft token accepted with probability ``acceptance``, (1 + a + ... + a^k) tokens a
+    step that costs its drafting and its verification."""
+    by_k = {}
+    for k, cost in steps.items():
+        made = sum(acceptance ** i for i in range(int(k) + 1))
+        by_k[int(k)] = made * plain_ms / (cost["draft_ms"] + cost["verify_ms"])
+    best = max(by_k, key=by_k.get)
+    return {"acceptance": acceptance, "plain_step_ms": plain_ms, "best_k": best,
+            "speedup": round(by_k[best], 3), "speedup_by_k": {k: round(v, 3) for k, v in by_k.items()},
+            "note": f"a computation from engine-measured step costs (random weights: nothing accepted, so each step "
+                    f"is one draft of k tokens and one verification) and a per-token acceptance of {acceptance} "
+                    "(the 1.5B/0.5B pair's greedy agreement on HumanEval, on a CPU), the 7B assumed to agree with "
+                    "the 0.5B as the 1.5B does"}
 
 
 def expected_speedup(target: dict[int, float], draft: dict[int, float], acceptance: float) -> dict:
     """Tokens per second of drafting k tokens with ``draft`` for ``target`` over plain decoding,
-    each token accepted with probability ``acceptance``: (1 + a + ... + a^k) tokens for k draft
-    forwards and one target forward of k + 1 rows. The best k, and the adaptive policy's choice on
-    the same curves."""
+    each token accepted with probability ``acceptance``, on cost curves alone: (1 + a + ... + a^k)
+    tokens for k draft forwards and one target forward of k + 1 rows. The best k, and the adaptive
+    policy's choice on the same curves."""
     curve = CostModel(target)
     by_k = {}
     for k in range(1, max(target) - 1):
@@ -175,145 +258,206 @@ def expected_speedup(target: dict[int, float], draft: dict[int, float], acceptan
             "speedup_by_k": {k: round(v, 3) for k, v in by_k.items() if k <= 16 or k % 8 == 0}}
 
 
-def graphs(args, device: str, dtype: torch.dtype) -> dict:
-    """Each architecture's curve eager and from captured CUDA graphs (its own process in the device
-    script: a capture that fails can leave the CUDA context unusable), and the expected speed-ups on
-    the graphed curves."""
+def architectures(args, device: str, dtype: torch.dtype, report: dict, save) -> dict:
+    """Each architecture through the engine on graphs (see the module's docstring), into
+    ``report["architectures"]`` as it goes."""
     archs = json.loads(ARCHS.read_text())
-    report: dict = {}
-    for name in ARCH_NAMES:
-        model = build(archs[name], device, dtype, args.toy)
-        context = torch.randint(0, model.config.vocab_size, (200,), generator=torch.Generator().manual_seed(1)).tolist()
-        try:
-            report[name] = graphed_curve(model, context)
-        except Exception as error:  # noqa: BLE001 - recorded: the reason graphs do not run here
-            report[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
-        print(f"{name} graphs: {report[name]}", flush=True)
-        del model
-        torch.cuda.empty_cache()
-    report["expected_speedups"] = graphed_speedups(report)
-    return report
-
-
-def graphed_speedups(archs: dict) -> dict:
-    """The pairs' expected speed-up computed on the CUDA-graph curves (where they were measured): what
-    drafting would give with launch overhead gone."""
-    curves = {}
-    for name, entry in archs.items():
-        graph = entry.get("graph_ms") if isinstance(entry, dict) else None
-        if graph:
-            curves[name] = {int(n): ms / 1e3 for n, ms in graph.items()}
-    # Sizes between the measured ones: CostModel interpolates its curve linearly.
-    return {f"{target} drafted by 0.5b, CUDA graphs": expected_speedup(
-                curves[target], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE)
-            for target in ("qwen2.5-coder-1.5b", "qwen2.5-coder-7b")
-            if target in curves and "qwen2.5-coder-0.5b" in curves}
-
-
-def architectures(args, device: str, dtype: torch.dtype) -> tuple[dict, dict]:
-    archs = json.loads(ARCHS.read_text())
-    sizes = CALIBRATION_SIZES if not args.toy else (1, 2, 4, 8, 16, 17, 32)
-    report, curves = {}, {}
+    results: dict = {}
+    report["architectures"] = results
+    kept: dict = {}  # the draft model, kept for the pair
+    on_gpu = device.startswith("cuda")
     for name in ARCH_NAMES:
         t0 = time.perf_counter()
         model = build(archs[name], device, dtype, args.toy)
+        shared = StaticModel(model, compile=args.compile, attention=args.attention[0])
         vocab = model.config.vocab_size
         gen = torch.Generator().manual_seed(1)
         context = torch.randint(0, vocab, (200,), generator=gen).tolist()
-        fast = cost_curve(model, 0, sizes, context, args.repeats)
-        padded = cost_curve(model, PAD_ROWS, sizes, context, args.repeats)
-        curves[name] = padded
-        entry = {"source": archs[name]["source"], "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
-                 "cost_ms": {str(n): round(s * 1e3, 3) for n, s in padded.items()},
-                 "cost_ms_unpadded": {str(n): round(s * 1e3, 3) for n, s in fast.items()},
-                 "rows16_over_1": round(padded[16] / fast[1], 3),
-                 "rows16_over_1_unpadded": round(fast[16] / fast[1], 3)}
-        if name != "qwen2.5-coder-7b" or args.toy:  # the 7B is here for its cost curve
-            prompts = [torch.randint(0, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
-            entry["self_draft"] = self_draft(model, PAD_ROWS, prompts, args.tokens, args.k)
-            entry["self_draft_unpadded"] = self_draft(model, 0, prompts, args.tokens, args.k)
+        entry: dict = {"source": archs[name]["source"],
+                       "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3)}
+        results[name] = entry
+
+        def step(key: str, run) -> None:
+            try:
+                entry[key] = run()
+            except Exception as error:  # noqa: BLE001 - recorded: one failed measurement must not lose the rest
+                entry[f"{key}_error"] = f"{type(error).__name__}: {error}"[:2000]
+                print(f"{name} {key}: {entry[f'{key}_error']}", file=sys.stderr, flush=True)
+            save()
+
+        step("first_capture_s", lambda: first_capture_s(model, shared, context))
+        entry["kernels"] = compile_state(shared)
+        step("cost_ms", lambda: {str(n): round(s * 1e3, 3) for n, s in measure_forward_costs(
+            engine_backend(model, shared), context, CURVE_SIZES, args.repeats).items()})
+        long_prompt = torch.randint(0, vocab, (args.long_prompt,), generator=gen).tolist()
+        step("plain_step", lambda: {"prompt_50": plain_step_ms(model, shared, context[:50], args.tokens),
+                                    f"prompt_{args.long_prompt}": plain_step_ms(model, shared, long_prompt,
+                                                                                args.tokens)})
+        step("graph_replay_16_ms", lambda: bare_replay_ms(model, shared, context))
+        if on_gpu:
+            step("transformers_static_graph_16_ms", lambda: reference_graph_ms(model, context))
+        plain = entry.get("plain_step", {})
+        if "prompt_50" in plain:
+            long_ms = plain[f"prompt_{args.long_prompt}"]["step_ms"]
+            entry["long_over_short"] = round(long_ms / plain["prompt_50"]["step_ms"], 3)
+            for ref in ("graph_replay_16_ms", "transformers_static_graph_16_ms"):
+                if ref in entry:
+                    entry[f"step_over_{ref[:-3]}"] = round(plain["prompt_50"]["step_ms"] / entry[ref], 3)
+        prompts = [torch.randint(0, vocab, (32,), generator=gen).tolist() for _ in range(args.prompts)]
+        if name != TARGET or args.toy:
+            step("self_draft", lambda: self_draft(model, shared, prompts, args.tokens, args.k))
+        if name == VARIANTS_ON:
+            for attention in args.attention[1:]:
+                step(f"attention_{attention}", lambda: attention_variant(
+                    model, StaticModel(model, compile=args.compile, attention=attention), context, long_prompt,
+                    prompts, args))
+        if name == DRAFT:
+            kept = {"model": model, "shared": shared}
+        if name == TARGET and kept:
+            step("pair_steps", lambda: pair_steps(model, shared, kept["model"], kept["shared"], context,
+                                                  args.pair_tokens))
+            if "pair_steps" in entry and "plain_step" in entry:
+                report["pair_speedup"] = {f"{TARGET} drafted by {DRAFT}, engine on graphs": pair_speedup(
+                    entry["plain_step"]["prompt_50"]["step_ms"], entry["pair_steps"], PAIR_ACCEPTANCE)}
+        curve = entry.get("cost_ms")
+        if curve:
+            entry["rows16_over_1"] = round(curve["16"] / curve["1"], 3)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
-        report[name] = entry
-        print(f"{name}: 1 row {entry['cost_ms']['1']} ms (unpadded {entry['cost_ms_unpadded']['1']}), "
-              f"16 rows {entry['rows16_over_1']}x one; self-draft "
-              f"{entry.get('self_draft', {}).get('identical', '-')}", flush=True)
-        del model
-        if device.startswith("cuda"):
+        save()
+        print(f"{name}: {json.dumps({k: v for k, v in entry.items() if k not in ('source', 'cost_ms')})}", flush=True)
+        if name != DRAFT:
+            del model, shared
+        if on_gpu:
             torch.cuda.empty_cache()
-    return report, curves
+    curves = {n: {int(k): v / 1e3 for k, v in e["cost_ms"].items()} for n, e in results.items() if "cost_ms" in e}
+    if TARGET in curves and DRAFT in curves:
+        report["expected_speedups"] = {f"{TARGET} drafted by {DRAFT}, engine curves": expected_speedup(
+            curves[TARGET], curves[DRAFT], PAIR_ACCEPTANCE)}
+    return results
 
 
 def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -> dict:
     """Spec-Bench on SmolLM2-135M's real weights: ours (plain, n-gram) and transformers' (plain,
-    prompt lookup) on the same GPU, per category."""
+    compiled static cache, prompt lookup) on the same GPU, per category."""
     import specdec
     from specdec.bench.questions import load_questions
 
-    model = specdec.load(str(args.smollm2), backend="transformers", device=device, dtype=dtype_name)
+    models = {}
+    for attention in args.attention:  # one copy of the weights per attention (135M: nothing on a GPU)
+        os.environ["SPECDEC_ATTENTION"] = attention  # read by the load (specdec.backends.hf_static)
+        models[attention] = specdec.load(str(args.smollm2), backend="transformers", device=device,
+                                         dtype=dtype_name, graphs=True)
+    os.environ.pop("SPECDEC_ATTENTION")
+    model = models[args.attention[0]]
     hf, codec = model.loaded.hf_model, model.loaded.codec
     eos = sorted(model.eos_token_ids)
-    questions = load_questions("spec-bench", limit=args.per_category)
-    # Round-robin over the categories, so a run cut short by its budget still has every category.
+    questions = load_questions("spec-bench", limit=args.offset + args.per_category)
     seen: Counter[str] = Counter()
     ranked = []
     for i, q in enumerate(questions):
-        ranked.append((seen[q.category], -i if args.reverse else i, q))
+        if seen[q.category] >= args.offset:  # the first --offset of each category are left out
+            ranked.append((seen[q.category], -i if args.reverse else i, q))
         seen[q.category] += 1
+    # Round-robin over the categories, so a run cut short by its budget still has every category.
     questions = [q for *_, q in sorted(ranked, key=lambda t: t[:2])]
+    prompts = {q.question_id: codec.encode(q.prompt, True) for q in questions}
 
-    def ours(drafter: str, ids: list[int]):
-        out = model.generate(ids, max_new_tokens=args.smollm2_tokens, drafter=drafter)
+    def ours(drafter: str, ids: list[int], attention: str):
+        out = models[attention].generate(ids, max_new_tokens=args.smollm2_tokens, drafter=drafter)
         return out.token_ids, out.stats.wall_s
 
-    def theirs(extra: dict, ids: list[int]):
+    def theirs(extra: dict, ids: list[int], runs: int = 1):
         x = torch.tensor([ids], device=hf.device)
-        devices.synchronize(device)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.smollm2_tokens,
-                              do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
-                              pad_token_id=eos[0], **extra)
-        devices.synchronize(device)
-        return out[0, len(ids):].tolist(), time.perf_counter() - t0
+        for _ in range(runs):  # the static cache compiles for a new shape on its first run: the last is timed
+            devices.synchronize(device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.smollm2_tokens,
+                                  do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
+                                  pad_token_id=eos[0], **extra)
+            devices.synchronize(device)
+        return out[0, len(ids):].tolist(), time.perf_counter() - start
 
-    methods = {"plain": lambda ids: ours("none", ids), "ngram": lambda ids: ours("ngram", ids),
+    methods = {}
+    for attention in args.attention:  # plain, ngram (the first attention); plain/split, ngram/split, ...
+        tag = "" if attention == args.attention[0] else f"/{attention}"
+        methods[f"plain{tag}"] = functools.partial(ours, "none", attention=attention)
+        methods[f"ngram{tag}"] = functools.partial(ours, "ngram", attention=attention)
+    first = list(methods) + ["hf-static"]  # every question runs these before the others
+    methods |= {"hf-static": lambda ids: theirs({"cache_implementation": "static"}, ids, runs=2),
                "hf-plain": lambda ids: theirs({}, ids),
                "hf-lookup": lambda ids: theirs({"prompt_lookup_num_tokens": 10}, ids)}
-    warm = codec.encode(questions[0].prompt, True)
-    for run in methods.values():  # CUDA start-up, the cost curve's calibration
+    methods = {m: run for m, run in methods.items() if m.split("/")[0] in args.methods}
+    # Warm-up on the longest prompt: CUDA start-up, compilation, the cost curve's calibration, and
+    # our pooled sequences' caches sized once for every later prompt (a capacity never shrinks).
+    warm = max(prompts.values(), key=len)
+    for name, run in methods.items():
+        started = time.perf_counter()
         run(warm)
-    rows: dict[str, dict[str, list]] = {}
-    results: dict = {}
-    report["smollm2_spec_bench"] = results
-    for i, q in enumerate(questions):
-        if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
-            results["cut_short"] = f"{i} of {len(questions)} questions: the {args.budget_s:.0f} s budget ran out"
-            break
-        ids = codec.encode(q.prompt, True)
-        cat = rows.setdefault(q.category, {m: [] for m in methods})
-        for name, run in methods.items():
-            cat[name].append(run(ids))
-        results.update(summarise(rows))
+        report.setdefault("smollm2_warmup_s", {})[name] = round(time.perf_counter() - started, 1)
         save()
-        r = results[q.category]
-        print(f"smollm2 {q.category} ({time.perf_counter() - t0:.0f} s): ngram {r['ngram_speedup']}x "
-              f"(identical {r['ngram_identical']}), hf-lookup {r['hf_lookup_speedup']}x", flush=True)
+    for attention, loaded in models.items():
+        sequence = loaded.loaded.backend()
+        report.setdefault("smollm2_engine", {})[attention] = {
+            "backend": type(sequence).__name__, "pad_rows": sequence.pad_rows,
+            "kernels": compile_state(sequence.shared) if hasattr(sequence, "shared") else "-"}
+    rows: dict[str, dict[str, list]] = {}
+    results: dict = {"question_ids": [q.question_id for q in questions]}
+    report["smollm2_spec_bench"] = results
+    # Ours and the compiled static cache over every question first, transformers' eager methods
+    # (slow) after: a run cut short by its budget still compares what the issue compares.
+    first = [m for m in methods if m in first]
+    for group in (first, [m for m in methods if m not in first]):
+        for i, q in enumerate(questions):
+            if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+                results.setdefault("cut_short", []).append(
+                    f"{', '.join(group)}: {i} of {len(questions)} questions, the {args.budget_s:.0f} s budget ran out")
+                break
+            cat = rows.setdefault(q.category, {})
+            for name in group:
+                cat.setdefault(name, []).append(methods[name](prompts[q.question_id]))
+            results.update(summarise(rows))
+            save()
+            r = results[q.category]
+            print(f"smollm2 {q.category} ({time.perf_counter() - t0:.0f} s): {r['tokens_per_s']} "
+                  f"ngram identical {r['ngram_identical']}", flush=True)
     return results
 
 
 def summarise(rows: dict[str, dict[str, list]]) -> dict:
-    """Per category: each method's tokens/s, the two speed-ups, and whether outputs are identical."""
-    report = {}
-    for category, runs in rows.items():
-        rate = {m: sum(len(t) for t, _ in r) / sum(s for _, s in r) for m, r in runs.items()}
-        report[category] = {
-            "tokens_per_s": {m: round(v, 1) for m, v in rate.items()},
-            "ngram_speedup": round(rate["ngram"] / rate["plain"], 3),
-            "hf_lookup_speedup": round(rate["hf-lookup"] / rate["hf-plain"], 3),
-            "ngram_identical": all(a[0] == b[0] for a, b in zip(runs["ngram"], runs["plain"])),
-            "hf_lookup_identical": all(a[0] == b[0] for a, b in zip(runs["hf-lookup"], runs["hf-plain"])),
-            "ours_equal_hf_plain": all(a[0] == b[0] for a, b in zip(runs["plain"], runs["hf-plain"])),
-        }
+    """Per category and overall: each method's tokens/s (end to end), the ratios the issue names,
+    and whether outputs are identical."""
+    def rates(runs: dict[str, list]) -> dict[str, float]:
+        return {m: sum(len(t) for t, _ in r) / sum(s for _, s in r) for m, r in runs.items() if r}
+
+    def same(runs, a: str, b: str) -> bool | None:
+        if a not in runs or b not in runs:
+            return None
+        return all(x[0] == y[0] for x, y in zip(runs[a], runs[b]))
+
+    def entry(runs: dict[str, list]) -> dict:
+        rate = rates(runs)
+        out = {"tokens_per_s": {m: round(v, 1) for m, v in rate.items()},
+               "ours_equal_hf_plain": same(runs, "plain", "hf-plain"),
+               "ours_equal_hf_static": same(runs, "plain", "hf-static"),
+               "hf_lookup_identical": same(runs, "hf-lookup", "hf-plain")}
+        ratios = {"hf_lookup_speedup": ("hf-lookup", "hf-plain")}
+        for tag in sorted({m[len("plain"):] for m in runs if m.startswith("plain")}):  # "", "/split", ...
+            out[f"ngram{tag}_identical"] = same(runs, f"ngram{tag}", f"plain{tag}")
+            ratios |= {f"ngram{tag}_speedup": (f"ngram{tag}", f"plain{tag}"),
+                       f"plain{tag}_over_hf_static": (f"plain{tag}", "hf-static"),
+                       f"ngram{tag}_over_hf_static": (f"ngram{tag}", "hf-static")}
+        for name, (a, b) in ratios.items():
+            if a in rate and b in rate:
+                out[name] = round(rate[a] / rate[b], 3)
+        return out
+
+    report = {category: entry(runs) for category, runs in rows.items()}
+    every: dict[str, list] = {}
+    for runs in rows.values():
+        for m, r in runs.items():
+            every.setdefault(m, []).extend(r)
+    report["overall"] = entry(every)
     return report
 
 
@@ -325,30 +469,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=4, help="random prompts of the self-draft check")
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens of the self-draft check")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens of the self-draft check and plain steps")
+    parser.add_argument("--long-prompt", type=int, default=2000, help="tokens of the long prompt of the plain step")
+    parser.add_argument("--pair-tokens", type=int, default=32, help="new tokens of each timed run of the pair")
     parser.add_argument("--k", type=int, default=8, help="draft tokens a step in the self-draft check")
+    parser.add_argument("--attention", default="sdpa,split",
+                        help="the decoding steps' attention: the first runs everything, the others (comma-separated) "
+                             f"the plain steps and self-drafting of {VARIANTS_ON} and ours on SmolLM2")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", default=None,
+                        help="graphs of eager kernels (default: compiled on a GPU)")
     parser.add_argument("--smollm2", type=Path, default=None, help="SmolLM2-135M's GGUF: the real-weights part")
-    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--offset", type=int, default=0, help="leave out the first N questions of each category")
     parser.add_argument("--smollm2-tokens", type=int, default=128)
+    parser.add_argument("--methods", default="plain,ngram,hf-static,hf-plain,hf-lookup",
+                        help="the SmolLM2 part's methods, in the order each question runs them")
+    parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_prepare.sh records the commit)")
     parser.add_argument("--parts", default="arch,smollm2",
-                        help="which parts run: arch (random-weight architectures), graphs (their curves from CUDA graphs, "
-                             "a GPU only), smollm2 (real weights)")
+                        help="which parts run: arch (random-weight architectures), smollm2 (real weights)")
     parser.add_argument("--reverse", action="store_true",
                         help="categories in reverse order (a second run reaches first what a cut-short one missed)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop taking new Spec-Bench questions past this many seconds (the report says so)")
     args = parser.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    args.attention = [a for a in args.attention.split(",") if a]
     device = devices.resolve(args.device)
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
     if args.toy:
         args.repeats, args.prompts, args.tokens = min(args.repeats, 2), min(args.prompts, 2), min(args.tokens, 24)
+        args.long_prompt, args.pair_tokens = min(args.long_prompt, 300), min(args.pair_tokens, 20)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    compiled = device != "cpu" and args.compile is not False
     report: dict = {"device": devices.device_tag(device), "dtype": dtype_name, "toy": args.toy,
                     "torch": torch.__version__, "python": platform.python_version(),
                     "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
-                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "graphs": "eager (no CUDA graphs, no torch.compile)"}
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "code": args.code or "not recorded",
+                    "engine": ("static KV cache, every decoding forward replayed from a captured CUDA graph, "
+                               + ("kernels compiled by torch.compile" if compiled else "eager kernels"))
+                    if device != "cpu" else "static KV cache, forwards called directly (no CUDA on this device)"}
     try:
         import transformers
 
@@ -357,14 +518,14 @@ def main(argv: list[str] | None = None) -> int:
         pass
     out = args.out / "report.json"
 
-    def save() -> None:  # after every part: a run cut short by its time limit still leaves what it measured
+    def save() -> None:  # after every step: a run cut short by its time limit still leaves what it measured
         report["seconds"] = round(time.perf_counter() - t0, 1)
         out.write_text(json.dumps(report, indent=1) + "\n")
 
     def part(key: str, run) -> bool:
-        """Run one part into report[key]; a part that fails must not lose the others' minutes."""
+        """Run one part; a part that fails must not lose the others' minutes."""
         try:
-            report[key] = run()
+            run()
             return True
         except Exception:  # noqa: BLE001 - recorded in the report and on stderr
             report[f"{key}_error"] = traceback.format_exc()
@@ -373,24 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             save()
 
-    def arch() -> dict:
-        archs, curves = architectures(args, device, dtype)
-        report["expected_speedups"] = {
-            "qwen2.5-coder-1.5b drafted by 0.5b": expected_speedup(
-                curves["qwen2.5-coder-1.5b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-            "qwen2.5-coder-7b drafted by 0.5b": expected_speedup(
-                curves["qwen2.5-coder-7b"], curves["qwen2.5-coder-0.5b"], PAIR_ACCEPTANCE),
-            "note": f"a computation from the measured cost curves (padded, as exact runs) and a per-token "
-                    f"acceptance of {PAIR_ACCEPTANCE} (the pair's greedy agreement on HumanEval, on a CPU); "
-                    "the 7B assumed to agree with the 0.5B as the 1.5B does",
-        }
-        return archs
-
     ok = True
     if "arch" in args.parts:
-        ok &= part("architectures", arch)
-    if "graphs" in args.parts:
-        ok &= part("cuda_graphs", lambda: graphs(args, device, dtype))
+        ok &= part("architectures", lambda: architectures(args, device, dtype, report, save))
     if "smollm2" in args.parts and args.smollm2 is not None:
         ok &= part("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))
     save()

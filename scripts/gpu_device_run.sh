@@ -1,10 +1,12 @@
 #!/bin/sh
 # The GPU check on the lent GPU machine, in two calls (at most 64 MiB of files go over in one):
-#   1. carry .gpu/smollm2.gguf.part00                                  sh scripts/gpu_device_run.sh arch
-#      stashes the first part in /tmp, then the random-weight architectures (cost curves, exactness)
-#      and, in a process of their own, their curves from captured CUDA graphs (a few minutes)
-#   2. carry .gpu/smollm2.gguf.part01 .gpu/wheels .gpu/smollm2.sha256  sh scripts/gpu_device_run.sh smollm2
-#      SmolLM2-135M's real weights on Spec-Bench against transformers' generate and prompt lookup
+#   1. carry .gpu/smollm2.gguf.part00 .gpu/commit                      sh scripts/gpu_device_run.sh arch
+#      stashes the first part in /tmp, then the random-weight architectures through the engine on
+#      CUDA graphs (curves, plain steps, exactness, the 7B + 0.5B pair's step costs; a few minutes)
+#   2. carry .gpu/smollm2.gguf.part01 .gpu/wheels .gpu/smollm2.sha256 .gpu/commit
+#                                                                      sh scripts/gpu_device_run.sh smollm2
+#      SmolLM2-135M's real weights on Spec-Bench against transformers' generate: plain, compiled
+#      static cache, prompt lookup
 # Make the second call right after the first: a warm machine goes back after about 30 s idle, and
 # the stashed part with it. (scripts/gpu_prepare.sh makes .gpu/ here first.) Each part has a time
 # limit, so both calls fit a 15-minute lease with the machine's start; a part cut short still leaves
@@ -14,24 +16,23 @@ S=/tmp/specdec-gpu
 mkdir -p "$S"
 export PYTHONUNBUFFERED=1 SPECDEC_CACHE="$S/cache"
 out="${OUT:-.}"
+code=$(cat .gpu/commit 2>/dev/null || echo "not recorded")  # carried with either call
 if [ "$1" = stash ]; then cp .gpu/smollm2.gguf.part00 "$S/"; exit 0; fi  # a second smollm2 run on a fresh machine
 if [ "$1" = arch ]; then
+  shift  # what follows "arch" goes to gpu_check.py
   cp .gpu/smollm2.gguf.part00 "$S/"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"  || true
-  timeout 240 python3 scripts/gpu_check.py --device cuda --parts arch --out "$out/gpu-check-arch" \
+  timeout 330 python3 scripts/gpu_check.py --device cuda --parts arch --code "$code" --out "$out/gpu-check-arch" "$@" \
     >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
   cat "$out/gpu-check-arch.log"
-  timeout 90 python3 scripts/gpu_check.py --device cuda --parts graphs --out "$out/gpu-check-graphs" \
-    >"$out/gpu-check-graphs.log" 2>&1 || echo "graphs part: exit $?"
-  cat "$out/gpu-check-graphs.log"
   exit 0
 fi
 shift  # what follows "smollm2" goes to gpu_check.py (--reverse, --budget-s ...)
 cat "$S/smollm2.gguf.part00" .gpu/smollm2.gguf.part01 > "$S/smollm2.gguf"
 echo "$(cat .gpu/smollm2.sha256)  $S/smollm2.gguf" | sha256sum -c
 python3 -m zipfile -e .gpu/wheels/gguf-0.19.0-py3-none-any.whl "$S/py"
-PYTHONPATH="$S/py" timeout 300 python3 scripts/gpu_check.py --device cuda --parts smollm2 --budget-s 240 \
-  --smollm2 "$S/smollm2.gguf" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 \
+PYTHONPATH="$S/py" timeout 360 python3 scripts/gpu_check.py --device cuda --parts smollm2 --budget-s 300 \
+  --smollm2 "$S/smollm2.gguf" --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 \
   || echo "smollm2 part: exit $?"
 grep -v 'it/s]' "$out/gpu-check-smollm2.log" | tail -40

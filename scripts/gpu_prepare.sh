@@ -10,4 +10,6 @@ gguf=$($PY -c "from specdec.models import resolve; print(resolve('smollm2-135m',
 split -n 2 -d "$gguf" .gpu/smollm2.gguf.part
 (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") | awk '{print $1}' > .gpu/smollm2.sha256
 $PY -m pip download -q --disable-pip-version-check --no-deps gguf==0.19.0 -d .gpu/wheels
+# The commit the check runs (the GPU machine gets the working tree, not the repository).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src scripts || echo ' with uncommitted changes')" > .gpu/commit
 ls -l .gpu .gpu/wheels

@@ -58,3 +58,26 @@ def test_the_documentation_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "cli" / "index.html").exists()
     cli = (tmp_path / "site" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "--max-new-tokens" in cli and "--drafter" in cli  # the generated reference
+
+
+def test_the_gpu_results_readme_is_what_its_reports_give(tmp_path):
+    """bench-results/gpu-check/README.md is generated from the reports beside it: a number changed in
+    a report and not regenerated (``python scripts/gpu_tables.py --write``) fails here."""
+    import json
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_tables
+
+    folder = ROOT / "bench-results" / "gpu-check"
+    written = (folder / "README.md").read_text(encoding="utf-8")
+    assert written == gpu_tables.readme(folder)
+    copy = tmp_path / "gpu-check"
+    shutil.copytree(folder, copy)
+    report = json.loads((copy / "smollm2.json").read_text())
+    report["smollm2_spec_bench"]["overall"]["tokens_per_s"]["plain"] += 1.0
+    (copy / "smollm2.json").write_text(json.dumps(report))
+    assert gpu_tables.readme(copy) != written
+    for name in gpu_tables.TABLES:
+        assert f"<!-- gpu: {name} -->" in (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
