@@ -141,7 +141,7 @@ def test_routes_metrics_and_memory_files(ray_served, client, tiny):
     deadline = time.time() + 20  # every replica writes its own file (FILE.replica-<rank>), never FILE
     while len(list(memory.parent.glob("memory.json.replica-*"))) < 2 and time.time() < deadline:
         time.sleep(0.5)
-    files = sorted(p.name for p in memory.parent.glob("memory.json.replica-*") if ".tmp-" not in p.name)
+    files = sorted(p.name for p in memory.parent.glob("memory.json.replica-*"))  # temporaries are hidden
     assert files == ["memory.json.replica-0", "memory.json.replica-1"] and not memory.exists()
     assert sum(len(json.loads((memory.parent / f).read_text())["entries"]) for f in files) > 0
 
@@ -284,7 +284,7 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
 
 def test_routing_text_and_memory_files(tmp_path):
     from specdec.drafting.memory import NgramMemory
-    from specdec.server.ray_app import memory_start, save_atomically
+    from specdec.server.ray_app import memory_start
     from specdec.server.ray_router import PREFIX_CHARS, routing_text
 
     chat = json.dumps({"messages": [{"role": "system", "content": "be terse"},
@@ -297,7 +297,7 @@ def test_routing_text_and_memory_files(tmp_path):
     assert memory_start(str(shared), 1) == str(shared)  # a new replica starts from FILE
     memory = NgramMemory()
     memory.add([1, 2, 3, 4, 5])
-    save_atomically(memory, f"{shared}.replica-1")
+    memory.save(f"{shared}.replica-1")
     assert memory_start(str(shared), 1) == f"{shared}.replica-1"  # restarted: from what its rank learned
     assert memory_start(str(shared), 0) == str(shared)
     assert len(NgramMemory.load(f"{shared}.replica-1")) == len(memory)

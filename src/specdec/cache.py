@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from specdec.errors import SpecdecError
+from specdec.files import write_atomic
 
 T = TypeVar("T")
 
@@ -61,11 +62,9 @@ class JsonCache:
 
     def store(self, value: Any) -> None:
         """Write ``value``; if the cache cannot be written, warn once and carry on uncached."""
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(value), encoding="utf-8")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(value))
         except OSError as exc:
             _warn_unwritable(self.path.parent, exc)
 

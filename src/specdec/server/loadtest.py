@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from specdec.files import write_atomic
+
 
 @dataclass
 class Result:
@@ -188,8 +190,7 @@ def main() -> None:
         differ = sum(1 for i, t in texts.items() if i in reference and reference[i] != t)
         print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ}), flush=True)
         if args.texts:
-            with open(args.texts, "w", encoding="utf-8") as f:
-                json.dump({str(i): t for i, t in sorted(texts.items())}, f)
+            write_atomic(args.texts, json.dumps({str(i): t for i, t in sorted(texts.items())}))
 
 
 if __name__ == "__main__":

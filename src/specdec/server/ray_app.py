@@ -82,12 +82,6 @@ def memory_start(memory: str, rank: int) -> str:
     return own if Path(own).exists() else memory
 
 
-def save_atomically(mem, path: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    mem.save(tmp)
-    os.replace(tmp, path)
-
-
 # -- the replica: the single-process app, called in-process -----------------------------------------
 class ModelReplica:
     """One model replica (the deployment's class): the single-process server's app, in-process."""
@@ -128,7 +122,7 @@ class ModelReplica:
 
     def save_memory(self) -> None:
         if self.memory_file and self.server.model.loaded.memory is not None:
-            save_atomically(self.server.model.loaded.memory, self.memory_file)
+            self.server.model.loaded.memory.save(self.memory_file)  # whole or not at all
 
     def replica(self) -> dict:
         return {"replica": self.replica_id, "rank": self.rank, "pid": os.getpid()}

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.files import write_atomic
 from specdec.trace import check_path
 
 
@@ -25,7 +26,7 @@ def save(doc: dict, path: str | Path) -> Path:
     else:
         content = json.dumps(doc, ensure_ascii=False, allow_nan=False)
     try:
-        path.write_text(content, encoding="utf-8")
+        write_atomic(path, content)
     except OSError as exc:
         raise SpecdecError(f"cannot write the trace to {path}: {exc.strerror or exc}") from None
     return path
