@@ -27,6 +27,23 @@ def questions(tmp_path):
     return path
 
 
+class FakeCosts:
+    """What the bench asks of a loaded model's cost curve, for fake models: one curve, swappable."""
+
+    _costs = None
+
+    def cost_model(self):
+        from specdec.costs import CostModel
+
+        if self._costs is None:
+            self._costs = CostModel({1: 0.01, 2: 0.012, 4: 0.015})
+        return self._costs
+
+    def use_costs(self, costs):
+        before, self._costs = self._costs, costs
+        return before
+
+
 def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, questions):
     out = tmp_path / "out"
     code = main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions), "--limit", "2",
@@ -242,7 +259,7 @@ def test_repeats_run_every_method_r_times_and_keep_the_fastest():
             self.calls += 1
             return RunResult([1, 2], self.walls.pop(0) if max_new_tokens > 4 else 0.0)
 
-    class FakeModel:
+    class FakeModel(FakeCosts):
         has_chat_template = False
 
         @property
@@ -278,7 +295,7 @@ def test_min_seconds_adds_rounds_to_short_questions_only():
             self.calls.append(prompt_ids[0])
             return RunResult([1, 2], wall)
 
-    class FakeModel:
+    class FakeModel(FakeCosts):
         has_chat_template = False
 
         @property
@@ -315,7 +332,7 @@ def test_a_crashing_peer_is_dropped_and_reported_while_ours_must_not_crash():
                 raise RuntimeError("size of tensor a (515) must match b (517)")
             return RunResult([1, 2], 1.0)
 
-    class FakeModel:
+    class FakeModel(FakeCosts):
         has_chat_template = False
 
         @property
@@ -344,7 +361,7 @@ def test_each_method_drafts_only_from_what_it_learned_itself_on_earlier_question
 
     recycled = LearnedSlot("recycle-next", dict)
 
-    class FakeModel:
+    class FakeModel(FakeCosts):
         has_chat_template = False
 
         @property
@@ -499,3 +516,99 @@ def test_our_generation_time_is_our_wall_time_after_the_targets_prefill(tiny):
     result = factory.build("ngram").run(tiny.encode("hello world, hello there; hello world, hello"), 12, None)
     assert result.gen_s == result.stats.wall_s - result.stats.prefill_s and 0 < result.gen_s < result.wall_s
     assert result.gen_tokens == len(result.token_ids)
+
+
+def test_every_round_of_a_question_starts_from_the_same_learned_state_and_cost_curve():
+    """A policy that refines the cost curve as it times forwards, and a table it learns into: the
+    rounds of one question all begin where the first round began (they differ by noise, not by
+    decisions), and the first round's state goes on to the next question, per method."""
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import run_bench
+    from specdec.context import Learned, LearnedSlot
+
+    seen = LearnedSlot("rounds-seen", list)
+
+    class Learning(Method):
+        def __init__(self, name):
+            self.name, self.family, self.started = name, "ours", []
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            table = model.loaded.learned.get(seen)
+            curve = model.loaded.cost_model()
+            self.started.append((prompt_ids[0], len(table), round(curve.unit, 6)))
+            table.append(prompt_ids[0])
+            curve.observe(1, curve.unit * 2)  # a slow forward: the unit moves
+            return RunResult([1, 2], 1.0)
+
+    class FakeModel(FakeCosts):
+        has_chat_template = False
+        learned = Learned()
+
+        @property
+        def loaded(self):
+            return self
+
+        def encode(self, text, chat=False):
+            return [ord(text[0])]
+
+    model = FakeModel()
+    plain, ngram = Learning("plain"), Learning("ngram")
+    run_bench(model, [plain, ngram], [Question(1, "a", "a"), Question(2, "b", "b")], 8, greedy=True, repeats=3)
+    for method in (plain, ngram):
+        warmup, *rounds = method.started
+        first, second = rounds[:3], rounds[3:]
+        assert len(set(first)) == 1 and len(set(second)) == 1  # every round from the same state
+        assert first[0][1] == 1 and second[0][1] == 2  # the first round's learning carried on
+        assert second[0][2] > first[0][2]  # and so did its curve
+
+
+def test_the_median_round_is_reported_beside_the_fastest():
+    from specdec.bench.methods import Method, RunResult
+    from specdec.bench.questions import Question
+    from specdec.bench.runner import run_bench, summarize
+
+    class Timed(Method):
+        def __init__(self, name, walls):
+            self.name, self.family, self.walls = name, "ours", list(walls)
+
+        def run(self, prompt_ids, max_new_tokens, seed):
+            return RunResult([1, 2, 3, 4], self.walls.pop(0) if max_new_tokens > 4 else 0.0)
+
+    class FakeModel(FakeCosts):
+        has_chat_template = False
+
+        @property
+        def loaded(self):
+            return self
+
+        def encode(self, text, chat=False):
+            return [1]
+
+    plain, ngram = Timed("plain", [1.0, 3.0, 2.0]), Timed("ngram", [0.5, 4.0, 1.0])
+    bench = run_bench(FakeModel(), [plain, ngram], [Question(1, "a", "x")], 8, greedy=True, repeats=3)
+    summary = summarize(bench, FakeModel(), divergences=False)
+    best, median = summary["ngram"]["overall"], summary["ngram"]["overall"]["median"]
+    assert best["tokens_per_s"] == 8.0 and best["speedup"] == 2.0  # 4 tokens in 0.5 s, plain's 1.0 s
+    assert median["tokens_per_s"] == 4.0 and median["speedup"] == 2.0  # the middle rounds: 1.0 s and 2.0 s
+    single = run_bench(FakeModel(), [Timed("plain", [1.0]), Timed("ngram", [0.5])], [Question(1, "a", "x")], 8,
+                       greedy=True)
+    assert "median" not in summarize(single, FakeModel(), divergences=False)["ngram"]["overall"]
+
+
+def test_results_go_into_bench_results_only_from_committed_code(capsys, tmp_path, tiny_model_dir, questions,
+                                                                no_loading, monkeypatch):
+    """A results file in bench-results/ records its commit: written from a checkout with uncommitted
+    code, that commit would not reproduce it. Refused before anything loads; elsewhere allowed."""
+    from specdec.commands import bench
+
+    root = tmp_path / "checkout"
+    (root / "bench-results").mkdir(parents=True)
+    monkeypatch.setattr(bench, "_checkout", lambda: root)
+    monkeypatch.setattr(bench, "_uncommitted", lambda where: ["src/specdec/engine.py"])
+    code, err = run_refused(capsys, tiny_model_dir, questions, "--out", str(root / "bench-results" / "run"))
+    assert no_loading == []
+    assert code == 2 and len(err) == 1 and "uncommitted changes (src/specdec/engine.py)" in err[0], err
+    bench._refuse_unpublishable(tmp_path / "elsewhere")  # outside bench-results/: allowed
+    monkeypatch.setattr(bench, "_uncommitted", lambda where: [])
+    bench._refuse_unpublishable(root / "bench-results" / "run")  # committed: allowed

@@ -217,6 +217,13 @@ class LoadedModel:
         return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self.learned,
                             logit_width, memory, self.backend_name, layer_access, private)
 
+    def use_costs(self, costs: CostModel | None) -> CostModel | None:
+        """Put ``costs`` in place of this model's cost curve (None: measure or load it on next use);
+        the one it replaces. A benchmark gives each method its own copy, refined by its own runs."""
+        with self._costs_lock:
+            before, self._costs = self._costs, costs
+        return before
+
     def cost_model(self) -> CostModel:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""
         if self._costs is None:

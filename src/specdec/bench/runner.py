@@ -27,8 +27,9 @@ class BenchRun:
     prompts: list[list[int]]
     methods: list[Method]
     greedy: bool
-    runs: dict[str, list[RunResult]] = field(default_factory=dict)
+    runs: dict[str, list[RunResult]] = field(default_factory=dict)  # the fastest round of each question
     failed: dict[str, str] = field(default_factory=dict)  # peer method -> the error that stopped it
+    rounds: dict[str, list[list[RunResult]]] = field(default_factory=dict)  # every round of each question
 
 
 WARMUP_PROMPT = "Say hello."
@@ -67,17 +68,24 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
 
     With ``repeats`` > 1 each method runs that many times per question and the fastest run counts:
     on this VM noise only ever adds time (identical runs differ by up to +-12% per category at two
-    questions each), and the minimum is the estimate least affected by it. ``min_seconds`` adds
-    rounds (up to :data:`MAX_ROUNDS`) until every method has spent that long on the question: a
-    20-token answer takes under a second, and three runs of it can all fall in one slow spell of the
-    machine, where three runs of a 256-token answer cannot.
+    questions each), and the minimum is the estimate least affected by it; every round is kept
+    (``rounds``) for the median beside it. ``min_seconds`` adds rounds (up to :data:`MAX_ROUNDS`)
+    until every method has spent that long on the question: a 20-token answer takes under a second,
+    and three runs of it can all fall in one slow spell of the machine, where three runs of a
+    256-token answer cannot.
+
+    Every round of a question starts from the same state of what the method has learned (its
+    tables, and its own copy of the cost curve, which our policies refine as they time forwards),
+    so that rounds differ by the machine's noise, not by decisions; the first round's state goes on
+    to the next question.
     """
     chat = model.has_chat_template
     if not chat and any(q.conversation is not None for q in questions):
         raise SpecdecError(f"these questions have several turns, and {model.name} has no chat template "
                            "(a base model): give a chat model")
     prompts = [model.encode(q.prompt, chat=chat) for q in questions]
-    bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods})
+    bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods},
+                     rounds={m.name: [] for m in methods})
     def attempt(method: Method, ids: list[int], n: int, seed_i: int | None,
                 question: Question | None = None) -> RunResult | None:
         # A peer that crashes (a library bug on some input) is reported, not allowed to end the
@@ -94,16 +102,26 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
 
     bench.methods = list(methods)
     # What each of our methods has learned (recycled tables, a self-drafter's head, acceptance
-    # tables) is its own: a table primed by another method's pass over the same question would be a
-    # second pass, not an unseen prompt. Each repeat starts from the state before the question.
+    # tables, the cost curve as its policy refined it) is its own: a table primed by another
+    # method's pass over the same question would be a second pass, not an unseen prompt.
+    calibrated = copy.deepcopy(model.loaded.cost_model()) if any(m.family == "ours" for m in methods) else None
     learned = {m.name: Learned() for m in methods}
+    costs = {m.name: copy.deepcopy(calibrated) for m in methods}
     warmup = model.encode(WARMUP_PROMPT, chat=chat)
+
+    def run_as(method: Method, state: Learned, curve: CostModel | None, ids: list[int], n: int,
+               seed_i: int | None, question: Question | None = None) -> RunResult | None:
+        model.loaded.learned = state
+        model.loaded.use_costs(curve)
+        return attempt(method, ids, n, seed_i, question)
+
     for method in list(bench.methods):
-        model.loaded.learned = learned[method.name]
-        attempt(method, warmup, min(4, max_new_tokens), seed)
+        run_as(method, learned[method.name], costs[method.name], warmup, min(4, max_new_tokens), seed)
     for i, ids in enumerate(prompts):
         fastest: dict[str, RunResult] = {}
-        before = {name: snapshot(state) for name, state in learned.items()} if repeats > 1 or min_seconds else {}
+        every: dict[str, list[RunResult]] = {m.name: [] for m in bench.methods}
+        before = {name: (snapshot(state), copy.deepcopy(costs[name])) for name, state in learned.items()} \
+            if repeats > 1 or min_seconds else {}
         spent: dict[str, float] = {}  # seconds each method has run this question
         r = 0
         def short() -> bool:
@@ -114,16 +132,24 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
             for method in current[shift:] + current[:shift]:
                 if method not in bench.methods:
                     continue
-                model.loaded.learned = learned[method.name] if r == 0 else snapshot(before[method.name])
-                result = attempt(method, ids, max_new_tokens, None if seed is None else seed + i, questions[i])
-                learned[method.name] = model.loaded.learned
+                seed_i = None if seed is None else seed + i
+                if r == 0:  # this round's state goes on to the next question
+                    result = run_as(method, learned[method.name], costs[method.name], ids, max_new_tokens, seed_i,
+                                    questions[i])
+                    learned[method.name], costs[method.name] = model.loaded.learned, model.loaded.use_costs(None)
+                else:
+                    state, curve = before[method.name]
+                    result = run_as(method, snapshot(state), copy.deepcopy(curve), ids, max_new_tokens, seed_i,
+                                    questions[i])
                 if result is not None:
+                    every[method.name].append(result)
                     spent[method.name] = spent.get(method.name, 0.0) + result.wall_s
                     if method.name not in fastest or result.wall_s < fastest[method.name].wall_s:
                         fastest[method.name] = result
             r += 1
         for method in bench.methods:
             bench.runs[method.name].append(fastest[method.name])
+            bench.rounds[method.name].append(every[method.name])
         if on_result:
             on_result(bench, i)
     return bench
@@ -178,6 +204,9 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
     wall = sum(r.wall_s for r in rs)
     stats = {"questions": len(rs), "new_tokens": new, "tokens_per_s": round(new / wall, 3) if wall else 0.0,
              "speedup": None, "mean_accepted_length": None, "acceptance_rate": None, "identical": None}
+    median = _median_stats(bench, method, idx)
+    if median is not None:
+        stats["median"] = median
     # Generation after the prompt (RunResult.gen_s; llama.cpp's predicted_per_second), and its ratio
     # to the baseline's: what speculation changes, without the prompt's share of the wall time.
     stats["gen_tokens_per_s"], stats["gen_speedup"] = _gen_rate(rs), None
@@ -217,6 +246,32 @@ def _stats(bench: BenchRun, method: Method, base: list[RunResult] | None, idx: l
         if drafted:
             stats["acceptance_rate"] = round(sum(r.peer_accepted or 0 for r in rs) / drafted, 4)
     return stats
+
+
+def _median_stats(bench: BenchRun, method: Method, idx: list[int]) -> dict | None:
+    """Tokens/s (end to end and after the prompt) and the speed-ups over the baseline with each
+    question's median round instead of its fastest: beside the best, how far the best is from a
+    typical round. None when each question ran once."""
+    def median_rounds(name: str) -> list[RunResult] | None:
+        rounds = bench.rounds.get(name) or []
+        if len(rounds) < len(bench.runs[name]) or not any(len(rounds[i]) > 1 for i in idx if i < len(rounds)):
+            return None
+        return [sorted(rounds[i], key=lambda r: r.wall_s)[(len(rounds[i]) - 1) // 2] for i in idx if i < len(rounds)]
+
+    mine = median_rounds(method.name)
+    if mine is None:
+        return None
+    wall = sum(r.wall_s for r in mine)
+    out = {"tokens_per_s": round(sum(len(r.token_ids) for r in mine) / wall, 3) if wall else 0.0,
+           "gen_tokens_per_s": _gen_rate(mine), "speedup": None, "gen_speedup": None}
+    base = median_rounds(method.baseline) if method.baseline in bench.runs else None
+    if base is not None and len(base) == len(mine):
+        base_wall = sum(r.wall_s for r in base)
+        out["speedup"] = round(base_wall / wall, 3) if wall else None
+        base_gen = _gen_rate(base)
+        if out["gen_tokens_per_s"] and base_gen:
+            out["gen_speedup"] = round(out["gen_tokens_per_s"] / base_gen, 3)
+    return out
 
 
 def _gen_rate(rs: list[RunResult]) -> float | None:

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_specs(specs, args.backend, base, model=args.model)
     out = _output_folder(args.out)
+    _refuse_unpublishable(out)
     questions = []
     if specs:
         from specdec.bench.questions import load_questions
@@ -135,6 +136,49 @@ def provenance() -> dict:
         commit = None
     return {"command": "specdec " + shlex.join(sys.argv[1:]), "version": specdec.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+
+
+# What results depend on: a change to any of these makes a results file unreproducible from its commit.
+CODE_PATHS = ("src", "scripts", "patches", "Makefile", "pyproject.toml")
+
+
+def _checkout() -> Path | None:
+    """The git checkout specdec runs from (None: an installed package)."""
+    import subprocess
+
+    import specdec
+
+    here = Path(specdec.__file__).resolve().parent
+    try:
+        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(top) if top else None
+
+
+def _uncommitted(root: Path) -> list[str]:
+    """The code files of ``root`` with uncommitted changes (:data:`CODE_PATHS`)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--",
+                             *CODE_PATHS], capture_output=True, text=True, timeout=10).stdout
+    return [line[3:] for line in listed.splitlines() if line.strip()]
+
+
+def _refuse_unpublishable(out: Path) -> None:
+    """Results written into the checkout's ``bench-results/`` are published: they must come from
+    committed code, so that the commit they record reproduces them. Elsewhere a dirty checkout is
+    allowed (and recorded: ``+dirty``)."""
+    root = _checkout()
+    if root is None or not out.resolve().is_relative_to((root / "bench-results").resolve()):
+        return
+    changed = _uncommitted(root)
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise SpecdecError(f"--out {out} is in bench-results/, and the checkout has uncommitted changes ({shown}): "
+                           "commit them first, so that the commit the results record reproduces them, or write "
+                           "the results elsewhere")
 
 
 def _output_folder(name: str) -> Path:
