@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test docs browser peers vllm llama-peers arctic-suffix
+.PHONY: setup demo test test-peers docs browser peers vllm llama-peers arctic-suffix
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -87,6 +87,11 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest
+
+# The tests of the peers the benchmarks compare with (stock llama-server, SuffixDecoding), built
+# first; none may skip for want of its build. Run it before publishing results that cite them.
+test-peers: setup llama-peers arctic-suffix
+	SPECDEC_REQUIRE_PEERS=1 $(PY) -m pytest -m peers
 
 # The documentation site into site/ (MkDocs; mkdocs.yml): strict, so a broken link or reference fails.
 docs: setup

@@ -52,6 +52,18 @@ class ScriptDrafter(Drafter):
         return Draft(nxt)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``make test-peers`` (SPECDEC_REQUIRE_PEERS=1) a test that needs a peer fails where it
+    would be skipped for want of its build: results that compare with the peers are published only
+    after their tests ran, not after they were quietly skipped."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("SPECDEC_REQUIRE_PEERS") == "1" and report.skipped and item.get_closest_marker("peers"):
+        report.outcome = "failed"
+        report.longrepr = f"SPECDEC_REQUIRE_PEERS=1 and a peer this test needs is missing: {report.longrepr}"
+
+
 def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int = 20, low: int = 0) -> int:
     """Rollback checked exactly, on any backend and CPU.
 

@@ -18,7 +18,10 @@ def _built() -> bool:
         return False
 
 
-needs_build = pytest.mark.skipif(not _built(), reason="SuffixDecoding is not built (make arctic-suffix)")
+def needs_build(test):
+    """A test of the peer itself: skipped without its build, except under `make test-peers`."""
+    skip = pytest.mark.skipif(not _built(), reason="SuffixDecoding is not built (make arctic-suffix)")
+    return pytest.mark.peers(skip(test))
 
 
 def test_without_the_build_the_drafter_names_the_make_target(monkeypatch, tmp_path):

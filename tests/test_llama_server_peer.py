@@ -39,7 +39,10 @@ def built() -> bool:
     return True
 
 
-needs_build = pytest.mark.skipif(not built(), reason="llama-server is not built (make llama-peers)")
+def needs_build(test):
+    """A test of the peer itself: skipped without its build, except under `make test-peers`."""
+    skip = pytest.mark.skipif(not built(), reason="llama-server is not built (make llama-peers)")
+    return pytest.mark.peers(skip(test))
 
 
 def test_an_answer_gives_the_tokens_and_llamacpps_own_generation_rate():

@@ -157,7 +157,8 @@ def tiny_draft_static(tiny_draft_dir):
 
 
 def _drafters():
-    return [pytest.param(e.name, marks=pytest.mark.skipif(bool(e.missing()), reason=e.missing() or ""))
+    return [pytest.param(e.name, marks=[pytest.mark.skipif(bool(e.missing()), reason=e.missing() or "")]
+                         + ([pytest.mark.peers] if e.available is not None else []))
             for e in DRAFTERS if e.name != "none"]
 
 
