@@ -64,6 +64,23 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"SPECDEC_REQUIRE_PEERS=1 and a peer this test needs is missing: {report.longrepr}"
 
 
+class FakeCosts:
+    """What the bench asks of a loaded model's cost curve, for fake models: one curve, swappable."""
+
+    _costs = None
+
+    def cost_model(self):
+        from specdec.costs import CostModel
+
+        if self._costs is None:
+            self._costs = CostModel({1: 0.01, 2: 0.012, 4: 0.015})
+        return self._costs
+
+    def use_costs(self, costs):
+        before, self._costs = self._costs, costs
+        return before
+
+
 def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int = 20, low: int = 0) -> int:
     """Rollback checked exactly, on any backend and CPU.
 

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from conftest import FakeCosts
+
 from specdec.cli import main
 from specdec.errors import SpecdecError
 
@@ -25,23 +27,6 @@ def questions(tmp_path):
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
-
-
-class FakeCosts:
-    """What the bench asks of a loaded model's cost curve, for fake models: one curve, swappable."""
-
-    _costs = None
-
-    def cost_model(self):
-        from specdec.costs import CostModel
-
-        if self._costs is None:
-            self._costs = CostModel({1: 0.01, 2: 0.012, 4: 0.015})
-        return self._costs
-
-    def use_costs(self, costs):
-        before, self._costs = self._costs, costs
-        return before
 
 
 def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, questions):

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from conftest import FakeCosts
+
 from specdec.bench.base import Method, RunResult
 from specdec.bench.conversations import FEEDBACK, RepairLoop, ScriptedTurns
 from specdec.bench.questions import Question, load_questions
@@ -93,7 +95,7 @@ class _Scripted(Method):
         return RunResult([1] if len(prompt_ids) <= 3 else [2], 1.0, gen_s=0.5)
 
 
-class _ChatModel:
+class _ChatModel(FakeCosts):
     has_chat_template = True
     name = "fake"
 

@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from conftest import FakeCosts
+
 from specdec.bench.base import RunResult, baselines, split
 from specdec.bench.methods import check_specs
 from specdec.bench.peers import llama_server as ls
@@ -164,7 +166,7 @@ def test_a_server_that_cannot_start_fails_its_method_which_the_bench_drops(tmp_p
         def run(self, prompt_ids, max_new_tokens, seed):
             return RunResult([1], 0.1)
 
-    class FakeModel:
+    class FakeModel(FakeCosts):
         has_chat_template = False
 
         @property
