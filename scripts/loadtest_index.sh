@@ -19,16 +19,17 @@ SLOTS=${SLOTS:-4}
 PY=.venv/bin/python
 mkdir -p "$(dirname "$OUT")"; : > "$OUT"; rm -f "$(dirname "$OUT")"/texts-*.json
 
-wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; echo "server did not start" >&2; return 1; }
 run() {  # port label key server-flags...
-  local port=$1 label=$2 key=$3; shift 3
+  local port=$1 label=$2 key=$3 rc=0; shift 3
   .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port "$port" "$@" \
       > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
-  wait_up "http://127.0.0.1:$port/v1/models"
+  # The load test waits (--ready-timeout) until the server answers a real request.
   $PY -m specdec.server.loadtest --url "http://127.0.0.1:$port" --clients "$CLIENTS" --requests "$REQUESTS" \
       --max-tokens "$MAX_TOKENS" --questions humaneval-files --distinct "$DISTINCT" --time-limit 3600 \
-      --label "$label" ${key:+--api-key "$key"} --texts "$(dirname "$OUT")/texts-$label.json" | tee -a "$OUT"
+      --ready-timeout 600 --label "$label" ${key:+--api-key "$key"} --texts "$(dirname "$OUT")/texts-$label.json" \
+      | tee -a "$OUT" || rc=$?
   kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 2
+  return "$rc"  # the comparison below needs every server's answers
 }
 
 run 8110 per-request team --index-tokens 0

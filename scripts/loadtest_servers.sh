@@ -8,7 +8,8 @@
 #   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
 #   --parallel equal to our --slots,
 #   and, when `make peers` / `make vllm` installed them, llama-cpp-python's server and vLLM on CPU.
-# Output: one JSON line per server and level in $OUT.
+# Output: one JSON line per server and level in $OUT; a level where any request failed has no
+# figures (they would compare servers on different requests), only how many failed and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-qwen2.5-coder-1.5b}
@@ -27,14 +28,16 @@ DRAFT=$($PY -c "from specdec.models import default_draft_model; print(default_dr
 DRAFT_GGUF=""
 [ -n "$DRAFT" ] && DRAFT_GGUF=$($PY -c "from specdec.models import resolve; print(resolve('$DRAFT', need_hf=False).gguf)")
 
-wait_up() { for _ in $(seq 600); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; echo "server did not start" >&2; return 1; }
+# The load test itself waits (--ready-timeout) until the server answers a real request: llama-server
+# lists its model on /v1/models while it still loads it, and answers 503 to the rest until done.
 load() { $PY -m specdec.server.loadtest --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" \
-           --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --label "$2" | tee -a "$OUT"; }
+           --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "$2" \
+           | tee -a "$OUT"; }
 run() {  # port label command...
   local port=$1 label=$2; shift 2
   case ",$SERVERS," in *",$label,"*) ;; *) return 0;; esac
   "$@" > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
-  wait_up "http://127.0.0.1:$port/v1/models" && load "$port" "$label"
+  load "$port" "$label" || echo "$label: no load test (see above; the server's log: /tmp/loadtest-$label.log)" >&2
   kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 2
 }
 

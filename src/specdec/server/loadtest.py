@@ -10,6 +10,11 @@ that level is 1).
 ``--questions`` names prompt sets shipped with specdec (or ``.jsonl`` files; comma-separated): the
 requests take their prompts from each in turn (``humaneval,spec-bench``: the first HumanEval
 problem, the first Spec-Bench question, the second of each, ...; Spec-Bench's in category order).
+
+Before the first timed request the test waits until the server answers a real one-token request
+(:func:`wait_ready`): a server that listens while it still loads its model (llama-server answers
+``/v1/models`` then, and 503 to the rest) would otherwise fail the first timed requests. A level
+where any request failed reports how many and why, and no figures (:meth:`LoadReport.summary`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -44,8 +50,14 @@ class LoadReport:
     indexed: dict[int, Result] = field(default_factory=dict)
 
     @property
+    def answered(self) -> int:
+        """Requests answered in full (200)."""
+        return sum(r.status == 200 for r in self.results)
+
+    @property
     def failures(self) -> int:
-        return sum(r.status != 200 for r in self.results) + (self.requests - len(self.results))
+        """Requests that failed or were never sent (the time limit)."""
+        return self.requests - self.answered
 
     def percentile(self, q: float, first: bool = False) -> float:
         values = sorted((r.first_s if first else r.latency_s) for r in self.results
@@ -59,11 +71,24 @@ class LoadReport:
         return sum(r.tokens for r in self.results) / self.wall_s if self.wall_s > 0 else 0.0
 
     def summary(self) -> dict:
-        return {"clients": self.clients, "requests": self.requests, "completed": len(self.results),
-                "failures": self.failures, "p50_s": round(self.percentile(0.5), 3),
-                "p95_s": round(self.percentile(0.95), 3), "ttft_p50_s": round(self.percentile(0.5, True), 3),
-                "ttft_p95_s": round(self.percentile(0.95, True), 3), "tokens_per_s": round(self.tokens_per_s, 2),
-                "wall_s": round(self.wall_s, 2)}
+        """The level's figures, or, where any request failed, how many failed and why, and no figures.
+
+        Figures over the answered requests alone would compare a server with another on different
+        work: the failed requests are not a random sample (those sent while a server still loads
+        are the first prompts; under load, a request refused early frees the server for the rest,
+        so the others' latency and tokens/s look better than a server's that answered everything).
+        """
+        line = {"clients": self.clients, "requests": self.requests, "answered": self.answered,
+                "failures": self.failures, "wall_s": round(self.wall_s, 2)}
+        if self.failures:
+            errors = sorted({f"{r.status}: {r.error[:200]}" for r in self.results if r.status != 200})[:5]
+            unsent = self.requests - len(self.results)
+            return {**line, "figures": None, "errors": errors + ([f"{unsent} not sent within the time limit"]
+                                                                 if unsent else [])}
+        return {**line, "p50_s": round(self.percentile(0.5), 3), "p95_s": round(self.percentile(0.95), 3),
+                "ttft_p50_s": round(self.percentile(0.5, True), 3),
+                "ttft_p95_s": round(self.percentile(0.95, True), 3),
+                "tokens_per_s": round(self.tokens_per_s, 2)}
 
     def texts(self) -> dict[int, str]:
         return {i: r.text for i, r in self.indexed.items() if r.status == 200}
@@ -137,6 +162,53 @@ async def _streamed(http, url: str, body: dict) -> Result:
                   first_s=first)
 
 
+class NotReady(Exception):
+    """The server did not answer a request within the time allowed, or refused it for good."""
+
+
+# Statuses of a server that is up but not serving yet (still loading, a replica starting, a
+# proxy in front with nothing behind): worth asking again. Any other refusal will not change.
+_RETRY = {429, 500, 502, 503, 504}
+
+
+def wait_ready(url: str, model: str | None = None, *, path: str = "/v1/chat/completions",
+               timeout: float = 600.0, api_key: str | None = None, poll_s: float = 1.0) -> str:
+    """Wait until the server at ``url`` answers a real one-token request on ``path`` (a chat or a
+    completion request) with 200, and return the model it was asked for (``model``, else the first
+    it lists). Raises :class:`NotReady` after ``timeout`` seconds, or at once on a refusal that
+    asking again will not change (a 4xx other than 429: a wrong model name, a missing key)."""
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    deadline = time.monotonic() + timeout
+    last = "nothing listening"
+    with httpx.Client(timeout=max(timeout, 1.0), headers=headers) as http:
+        while True:
+            try:
+                name = model or http.get(base + "/v1/models").raise_for_status().json()["data"][0]["id"]
+                # One token, and a prompt none of the timed requests has: it costs the server next
+                # to nothing and leaves its caches next to nothing the timed requests could reuse.
+                body: dict = {"model": name, "max_tokens": 1, "temperature": 0}
+                if path.endswith("/chat/completions"):
+                    body["messages"] = [{"role": "user", "content": "Are you ready?"}]
+                else:
+                    body["prompt"] = "Are you ready?"
+                response = http.post(base + path, json=body)
+                if response.status_code == 200 and response.json().get("choices"):
+                    return name
+                last = f"{response.status_code} {response.text[:200]}"
+                if response.status_code not in _RETRY:
+                    raise NotReady(f"{base}{path} refused the readiness request: {last}")
+            except httpx.HTTPStatusError as exc:
+                last = f"{exc.response.status_code} on /v1/models {exc.response.text[:200]}"
+                if exc.response.status_code not in _RETRY:
+                    raise NotReady(f"{base}/v1/models refused the request: {last}") from None
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() + poll_s > deadline:
+                raise NotReady(f"{base} did not answer a request within {timeout:.0f} s (last: {last})")
+            time.sleep(poll_s)
+
+
 def mixed_prompts(sources: list[str]) -> list[str]:
     """The prompts of several prompt sets, taken from each in turn (Spec-Bench's one category after
     another: its first question of each category, then the second, ...)."""
@@ -167,6 +239,8 @@ def main() -> None:
                         help="only the first N prompts: the requests go through them in rounds, so later rounds "
                              "repeat earlier requests (clients asking about the same files in turn)")
     parser.add_argument("--time-limit", type=float, default=600.0)
+    parser.add_argument("--ready-timeout", type=float, default=600.0,
+                        help="seconds to wait for the server to answer a first request (it may still be loading)")
     parser.add_argument("--no-stream", action="store_true", help="whole answers (no time to first token)")
     parser.add_argument("--label", default="", help="a name for this server in the output")
     parser.add_argument("--texts", default=None, metavar="FILE",
@@ -175,7 +249,10 @@ def main() -> None:
                         help="every client sends this key (one tenant: they share its index of earlier outputs; "
                              "default: none, each request drafts from its own text alone)")
     args = parser.parse_args()
-    model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models").json()["data"][0]["id"]
+    try:
+        model = wait_ready(args.url, args.model, timeout=args.ready_timeout, api_key=args.api_key)
+    except NotReady as exc:
+        sys.exit(f"loadtest: {exc}")
     prompts = mixed_prompts(args.questions.split(",")) if args.questions else [
         "Write a short story about a robot who learns to paint."]
     prompts = prompts[:args.distinct] if args.distinct else prompts
@@ -187,8 +264,10 @@ def main() -> None:
                                       stream=not args.no_stream, api_key=args.api_key))
         texts = report.texts()
         reference = texts if reference is None else reference
-        differ = sum(1 for i, t in texts.items() if i in reference and reference[i] != t)
-        print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ}), flush=True)
+        both = [i for i in texts if i in reference]
+        differ = sum(reference[i] != texts[i] for i in both)
+        print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ,
+                          "compared_with_first_level": len(both)}), flush=True)
         if args.texts:
             write_atomic(args.texts, json.dumps({str(i): t for i, t in sorted(texts.items())}))
 
