@@ -81,3 +81,41 @@ def test_the_gpu_results_readme_is_what_its_reports_give(tmp_path):
     assert gpu_tables.readme(copy) != written
     for name in gpu_tables.TABLES:
         assert f"<!-- gpu: {name} -->" in (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+
+
+# Pages whose defaults are checked against the code (benchmarks.md and gpu.md report measurements).
+DOC_PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("benchmarks.md", "gpu.md"))
+
+
+def test_the_overview_gives_the_default_sampling_mode():
+    """docs/index.md once said sampled output went through rejection sampling; the default is
+    coupled (verification by the target's seeded choice), rejection only on request."""
+    from specdec import options
+
+    text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    stated = re.search(r"by default verified\s+\*\*(\w+)\*\*", text)
+    assert stated, "docs/index.md does not say how sampled output is verified by default"
+    assert stated.group(1) == options.option("verify").default
+    assert "--verify rejection" in text  # the other mode is named as the option it is
+
+
+def test_the_defaults_the_pages_state_are_the_codes():
+    """Every "`--flag VALUE` (default)" / "`--flag N` (default N)" on a page, for a flag of a
+    generation, load or serve option, names that option's declared default."""
+    from specdec import load_options, options
+
+    by_flag = {o.cli_flag: o for o in (*options.all_options(), *load_options.LOAD, *load_options.SERVE)
+               if o.cli_flag}
+    checked = 0
+    for page in DOC_PAGES:
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        found = re.findall(r"`(--[a-z][a-z-]*) ([a-z][\w.-]*)`,? \(?(?:the )?default\b", text)
+        found += re.findall(r"`(--[a-z][a-z-]*)(?: [A-Z]+)?` \(default ([\w.]+)", text)
+        for flag, value in found:
+            option = by_flag.get(flag)
+            if option is None or option.default is None:
+                continue  # not a declared option, or its default is the policy's (e.g. --num-draft)
+            assert value == str(option.default), f"{page.name}: {flag} {value} stated as the default, " \
+                                                 f"the code's is {option.default}"
+            checked += 1
+    assert checked >= 4  # --policy, --verify, --slots, --head-rows at least
