@@ -597,3 +597,28 @@ def test_results_go_into_bench_results_only_from_committed_code(capsys, tmp_path
     bench._refuse_unpublishable(tmp_path / "elsewhere")  # outside bench-results/: allowed
     monkeypatch.setattr(bench, "_uncommitted", lambda where: [])
     bench._refuse_unpublishable(root / "bench-results" / "run")  # committed: allowed
+
+
+def test_a_bench_that_fails_while_writing_its_results_leaves_the_last_ones_whole(tmp_path, monkeypatch):
+    """results.json is replaced whole or not at all: a write that breaks midway (a full disk, a
+    Ctrl-C) leaves the previous results readable and no temporary behind."""
+    import json
+    import os
+
+    from specdec import files
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"methods": {"plain": 1}}))
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_atomic(out / "results.json", json.dumps({"methods": {"plain": 2}}))
+    assert json.loads((out / "results.json").read_text()) == {"methods": {"plain": 1}}
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+    from specdec.commands import bench
+
+    assert bench.write_atomic is files.write_atomic  # what the bench writes its results with

@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from specdec.files import atomic_open  # noqa: E402
+
 
 def plot_speedups(results: dict, path: Path) -> None:
     """Grouped bars: speed-up over each method's own plain baseline, by category."""
@@ -32,7 +34,8 @@ def plot_speedups(results: dict, path: Path) -> None:
     ax.set_title(f"{results['model']} ({results['backend']}, {results.get('dtype', '')}): speed-up by category")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
 
 
@@ -48,7 +51,8 @@ def plot_tokens_per_s(results: dict, path: Path) -> None:
     ax.set_title(f"{results['model']} ({results['backend']}): throughput")
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
 
 
@@ -67,5 +71,6 @@ def plot_cost_curve(curve: dict, path: Path, title: str) -> None:
     b.set_xscale("log", base=2)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
     plt.close(fig)

@@ -15,6 +15,7 @@ from specdec import option_forms
 from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
                                      load_options)
 from specdec.errors import SpecdecError
+from specdec.files import atomic_open, write_atomic
 
 NAME = "bench"
 ORDER = 10
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         plots.plot_cost_curve(results["cost_curve"]["seconds"], out / "cost_curve.png",
                               f"{args.model} ({args.backend}, {args.dtype}): cost of one forward")
         _print_cost_curve(console, curve, results)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomic(out / "results.json", json.dumps(results, indent=2))
     console.print(f"wrote {out / 'results.json'}" + (" and plots" if methods else ""))
     return 0
 
@@ -242,7 +243,7 @@ def results_table(methods: dict, overall_only: bool = False) -> Table:
 
 
 def _write_outputs(out: Path, bench) -> None:
-    with open(out / "outputs.jsonl", "w") as fh:
+    with atomic_open(out / "outputs.jsonl") as fh:
         for m in bench.methods:
             for q, r in zip(bench.questions, bench.runs[m.name]):
                 s = r.stats
