@@ -144,3 +144,25 @@ def test_the_defaults_the_pages_state_are_the_codes():
                                                  f"the code's is {option.default}"
             checked += 1
     assert checked >= 4  # --policy, --verify, --slots, --head-rows at least
+
+
+def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
+    """bench-results/README.md is written by scripts/results_index.py from one line per folder: a run
+    added without its line, or a line left after its run went, fails here."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results_index
+
+    results = ROOT / "bench-results"
+    assert (results / "README.md").read_text(encoding="utf-8") == results_index.index(results)
+    copy = tmp_path / "bench-results"
+    shutil.copytree(results, copy)
+    (copy / "an-unindexed-run").mkdir()
+    with pytest.raises(ValueError, match="without a line in scripts/results_index.py: an-unindexed-run"):
+        results_index.index(copy)
+    shutil.rmtree(copy / "an-unindexed-run")
+    shutil.rmtree(copy / "qwen-humaneval")
+    with pytest.raises(ValueError, match="names folders that are gone: qwen-humaneval"):
+        results_index.index(copy)
