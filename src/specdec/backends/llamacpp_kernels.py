@@ -15,11 +15,12 @@ The matrix multiplications themselves: ``make setup`` builds llama.cpp with spec
 speed of llama.cpp's fast kernels or faster (the repacked Q4_K GEMV run on up to 8 rows at once,
 the weights unpacked once for all of them, in place of ggml's GEMM; Q6_K, Q8_0 and Q5_0 weights
 unpacked once for several rows). The patched library tests
-itself (:func:`exact_rows`): each weight type of the model, 1..64 rows, every row against the one-row
-result, on this CPU. Where every type passes, a micro-batch may hold any number of rows. Where the
-stock library is installed (``pip install specdec[llamacpp]``), or a type fails, repacked weights
-are decoded at most :data:`REPACKED_ROWS` rows a micro-batch, which keeps every row on the one-row
-GEMV (ggml takes its 4-row GEMM from 4 rows).
+itself (:func:`exact_rows`): each weight type of the model, 1..64 rows, in every buffer type that
+takes it, every row against the one-row result, on this CPU. Where every type passes, a micro-batch
+may hold any number of rows; where one fails, fewer rows than where it failed; where the weights
+may be in a buffer type the self-test did not run, one row. Where the stock library is installed
+(``pip install specdec[llamacpp]``), repacked weights are decoded at most :data:`REPACKED_ROWS` rows
+a micro-batch, which keeps every row on the one-row GEMV (ggml takes its 4-row GEMM from 4 rows).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 
 import gguf
 
-from specdec.backends.llamacpp_lib import has_decoded, has_llamafile, has_selftest, kernel_selftest, lib
+from specdec.backends.llamacpp_lib import (PLAIN_BUFFERS, REPACK_BUFFER, has_decoded, has_llamafile,
+                                           has_selftest, kernel_selftest, lib)
 from specdec.errors import SpecdecError
 
 TILED_ENV = "GGML_CPU_TILED_MM"  # read once per process, at the first matmul
@@ -138,28 +140,41 @@ class RowLimit:
     note: str | None = None  # why there is a limit, for one line on stderr (None: nothing to say)
 
 
-def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multirow: bool | None = None) -> RowLimit:
+def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multirow: bool | None = None,
+               buffers: Iterable[str] = ()) -> RowLimit:
     """The micro-batch limit of exact kernels for weights of ``type_names`` (ggml's names, as
-    llama.cpp's load log spells them: ``q4_K``, ``q6_K``, ``f32``), ``repacked`` or not, computed
-    on ``n_threads`` threads.
+    llama.cpp's load log spells them: ``q4_K``, ``q6_K``, ``f32``), ``repacked`` or not, held in
+    ``buffers`` (the buffer types llama.cpp's load log names: ``CPU_Mapped``, ``CPU_REPACK``, ``AMX``),
+    computed on ``n_threads`` threads.
 
     With specdec's patched library, its self-test decides: no limit where every type passes for
-    1..64 rows; else fewer rows than the smallest count that failed. Without it (the stock library),
-    or with ``multirow`` False (the capped path, for comparison and its tests; also set by
-    ``SPECDEC_MULTIROW=0`` in the environment), repacked weights take at most :data:`REPACKED_ROWS`
-    rows and the rest any number, as before the patch.
+    1..64 rows in every buffer type that takes it; fewer rows than the smallest count that failed;
+    one row (the one-row kernels themselves) where a buffer type that holds or takes the weights was
+    not run by the self-test (refused, with a note naming it). Without the patch (the stock library),
+    repacked weights take at most :data:`REPACKED_ROWS` rows (its one-row GEMV) and plain ones any
+    number, but weights in any other extra buffer type (AMX: VNNI for one row, tiles for two) one row.
+    ``multirow`` False (the capped path, for comparison and its tests; also set by
+    ``SPECDEC_MULTIROW=0`` in the environment) takes the stock library's path on the patched one.
     """
     if multirow is None and os.environ.get(MULTIROW_ENV) == "0":
         multirow = False
+    extra = sorted(set(buffers) - PLAIN_BUFFERS)
     if multirow is False or not has_selftest():
+        unknown = [name for name in extra if name != REPACK_BUFFER]
+        if unknown:
+            return _refused(unknown, "and this llama.cpp has no self-test of their kernels "
+                                     "(make setup builds it)")
         if not repacked:
             return RowLimit(None)
         note = None if multirow is False else (
-            "this llama.cpp has no batch-invariant multi-row kernels (make setup builds them): exact decoding "
-            f"takes at most {REPACKED_ROWS} rows a micro-batch")
+            "this llama.cpp has no batch-invariant multi-row kernels with a self-test of every buffer type "
+            f"(make setup builds them): exact decoding takes at most {REPACKED_ROWS} rows a micro-batch")
         return RowLimit(REPACKED_ROWS, note)
     rows: int | None = None
-    failed = []
+    failed: list[str] = []
+    tested: set[str] = set()
+    refused: dict[str, None] = {}  # buffer types, in order
+    unrun: list[str] = []  # types of which no kernel ran
     for name in sorted(set(type_names)):
         try:
             ggml_type = gguf.GGMLQuantizationType[name.upper()]
@@ -170,11 +185,35 @@ def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multir
             # a type the self-test cannot build (one that needs an importance matrix): as before the patch
             failed.append(f"{name} (not testable)")
             rows = min(rows or REPACKED_ROWS, REPACKED_ROWS) if repacked else rows
+            continue
+        tested.update(result.tested)
+        if not result.complete:
+            refused.update(dict.fromkeys(result.untested))
+            if not result.tested:
+                unrun.append(name)
         elif result.differing:
             failed.append(f"{name} ({result.differing} outputs differ, from {result.first_rows} rows)")
-            rows = min(rows or result.first_rows, result.first_rows - 1)
+            rows = min(rows or result.first_rows, max(1, result.first_rows - 1))
+    # Weights llama.cpp put in a buffer type whose kernels the self-test ran for none of their types.
+    refused.update(dict.fromkeys(name for name in extra if name not in tested))
+    if refused or unrun:
+        return _refused(list(refused), "whose kernels this llama.cpp's self-test did not run", unrun)
     if not failed:
-        return RowLimit(None)
+        return RowLimit(rows)
     limit = f"at most {rows} row{'s' if rows != 1 else ''} a micro-batch" if rows else "no limit"
     return RowLimit(rows, "exact kernels: this llama.cpp's multi-row matmul is not batch-invariant on this CPU for "
                           f"{', '.join(failed)}: decoding takes {limit}")
+
+
+def _refused(buffers: list[str], why: str, unrun: list[str] | None = None) -> RowLimit:
+    """One row a micro-batch (every row on the one-row kernel itself) where llama.cpp may place the
+    weights in ``buffers``, whose kernels were not tested (``why``), or for types ``unrun``, of which
+    no kernel ran."""
+    reasons = []
+    if buffers:
+        kind = "buffer type" if len(buffers) == 1 else "buffer types"
+        reasons.append(f"llama.cpp may place this model's weights in {kind} {', '.join(buffers)} (multi-row "
+                       f"kernels of their own, which may round differently from the one-row ones), {why}")
+    if unrun:
+        reasons.append(f"this llama.cpp's self-test ran no kernel for {', '.join(unrun)}")
+    return RowLimit(1, f"exact kernels: {'; '.join(reasons)}: decoding takes 1 row a micro-batch")

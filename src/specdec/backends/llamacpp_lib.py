@@ -82,15 +82,36 @@ def has_llamafile() -> bool:
     return b"LLAMAFILE = 1" in lib().llama_print_system_info()
 
 
+# The buffer types whose weights every CPU matmul reads as they are (ggml's names: a plain buffer,
+# and the file mapped in place); every other buffer type of the CPU backend is an "extra" one, with
+# kernels of its own (CPU_REPACK, AMX, KleidiAI, ...).
+PLAIN_BUFFERS = frozenset({"CPU", "CPU_Mapped"})
+REPACK_BUFFER = "CPU_REPACK"
+_NAMES_SIZE = 256  # bytes for each list of buffer-type names the self-test writes
+
+
 @dataclass(frozen=True)
 class SelfTest:
     """What ggml's CPU backend said of one weight type's matrix multiplication, run as a model runs it
-    (``ggml_cpu_exact_selftest``, part of specdec's kernel patch): each row of every 2..rows-row
-    product against the one-row product of the same activations, bit for bit."""
+    (``ggml_cpu_exact_selftest_bufts``, part of specdec's kernel patch): in every buffer type that
+    takes the type, each row of every 2..rows-row product against the one-row product of the same
+    activations, bit for bit."""
 
     differing: int  # outputs that differ (0: batch-invariant)
     first_rows: int  # the smallest row count that differed (0: none)
-    repacked: bool  # the repacked-weight kernels ran (this CPU repacks the type)
+    tested: tuple[str, ...] = ()  # the buffer types whose kernels ran (ggml's names)
+    untested: tuple[str, ...] = ()  # buffer types that take the type but whose kernels could not run
+
+    @property
+    def repacked(self) -> bool:
+        """Whether the kernels of an extra buffer type ran (this CPU repacks the type)."""
+        return any(name not in PLAIN_BUFFERS for name in self.tested)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every buffer type that takes the type ran (and one did): only then is
+        ``differing`` a verdict on all the kernels a model of this type may run."""
+        return bool(self.tested) and not self.untested
 
 
 @lru_cache(maxsize=1)
@@ -111,44 +132,59 @@ def _cpu_library() -> ctypes.CDLL | None:
 
 @lru_cache(maxsize=1)
 def _selftest_function():
-    """``ggml_cpu_exact_selftest`` from the ggml CPU library, or None (a stock build)."""
+    """``ggml_cpu_exact_selftest_bufts`` from the ggml CPU library, or None (a stock build, or one of
+    an earlier patch, whose ``ggml_cpu_exact_selftest`` tested only the repacked and plain buffers
+    and passed where nothing ran)."""
     library = _cpu_library()
-    function = getattr(library, "ggml_cpu_exact_selftest", None) if library is not None else None
+    function = getattr(library, "ggml_cpu_exact_selftest_bufts", None) if library is not None else None
     if function is None:
         return None
     function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                         ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     return function
 
 
 def kernel_generation() -> int:
-    """Which of specdec's kernel patches the installed llama.cpp carries: 0 none (the stock library),
-    1 the exact multi-row kernels and their self-test, 2 also the multi-row Q4_K GEMV that replaces
-    ggml's GEMM (cheaper 2-8-row forwards). Measurements cached per library (the cost curve) name it."""
-    if _selftest_function() is None:
-        return 0
+    """Which of specdec's kernel patches the installed llama.cpp carries, as far as it changes what a
+    forward costs: 0 none (the stock library), 1 the exact multi-row kernels and their self-test,
+    2 also the multi-row Q4_K GEMV that replaces ggml's GEMM (cheaper 2-8-row forwards). Measurements
+    cached per library (the cost curve) name it. (The self-test's coverage of every buffer type
+    changed no kernel, so no generation.)"""
     library = _cpu_library()
+    if library is None or not any(getattr(library, name, None) is not None
+                                  for name in ("ggml_cpu_exact_selftest_bufts", "ggml_cpu_exact_selftest")):
+        return 0
     return 2 if getattr(library, "ggml_gemv_q4_K_8x8_q8_K_rows", None) is not None else 1
 
 
 def has_selftest() -> bool:
-    """Whether the installed llama.cpp carries specdec's exact multi-row kernels and their self-test."""
+    """Whether the installed llama.cpp carries specdec's exact multi-row kernels and their self-test
+    of every buffer type."""
     return _selftest_function() is not None
 
 
 @lru_cache(maxsize=None)
-def kernel_selftest(ggml_type: int, rows: int, n_threads: int) -> SelfTest | None:
+def kernel_selftest(ggml_type: int, rows: int, n_threads: int, faults: int = 0) -> SelfTest | None:
     """Run the library's batch-invariance self-test for ``ggml_type`` (a ggml type id) at 1..``rows``
     rows on ``n_threads`` threads; None where the library has no self-test or cannot test the type.
+    A result that is not :attr:`~SelfTest.complete` is a failure (a buffer type that takes the type
+    could not be run, or none ran). ``faults`` (tests only) makes the library fail as a CPU here
+    cannot: 1 every one-row product, 2 every placement of the weights.
     Like any matmul it fixes ggml's process-wide switches (the tiled matmul) if no forward has yet."""
     function = _selftest_function()
     if function is None:
         return None
     _state["decoded"] = True
-    paths, first = ctypes.c_int(), ctypes.c_int()
+    first = ctypes.c_int()
+    tested, untested = ctypes.create_string_buffer(_NAMES_SIZE), ctypes.create_string_buffer(_NAMES_SIZE)
     with _DECODE:
-        differing = function(ggml_type, rows, n_threads, ctypes.byref(paths), ctypes.byref(first))
-    if differing < 0:
+        differing = function(ggml_type, rows, n_threads, faults, ctypes.byref(first), tested, untested,
+                             _NAMES_SIZE)
+    if differing == -1:
         return None
-    return SelfTest(int(differing), first.value, bool(paths.value & 1))
+    return SelfTest(max(0, int(differing)), first.value, _names(tested.value), _names(untested.value))
+
+
+def _names(value: bytes) -> tuple[str, ...]:
+    return tuple(name for name in value.decode(errors="replace").split(",") if name)

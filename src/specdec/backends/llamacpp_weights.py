@@ -14,7 +14,7 @@ import re
 import sys
 
 from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params, exact_rows
-from specdec.backends.llamacpp_lib import lib, log_captured
+from specdec.backends.llamacpp_lib import REPACK_BUFFER, lib, log_captured
 from specdec.backends.llamacpp_prompt import GEMM_ROWS, PromptCache, PromptRunner
 from specdec.errors import SpecdecError
 
@@ -32,7 +32,8 @@ class LlamaCppWeights:
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = lib()
         self.kernels = choose_kernels(exact)
-        self.model, self.repacked, self.types = load_model(path)
+        self.model, self.buffers, self.types = load_model(path)
+        self.repacked = REPACK_BUFFER in self.buffers
         if not self.model:
             raise SpecdecError(f"llama.cpp could not load {path}")
         self.path = path
@@ -44,7 +45,7 @@ class LlamaCppWeights:
         # kernels keep batch-invariant for this model's weight types (see llamacpp_kernels).
         self.n_ubatch = n_batch
         if self.kernels.exact:
-            limit = exact_rows(self.types, self.repacked, self.n_threads, multirow)
+            limit = exact_rows(self.types, self.repacked, self.n_threads, multirow, self.buffers)
             if limit.note:
                 _note_once(limit.note)
             if limit.rows is not None:
@@ -88,16 +89,18 @@ def load_llamacpp(path: str, **options) -> LlamaCppWeights:
     return LlamaCppWeights(path, **options)
 
 
-def load_model(path: str) -> tuple[object, bool, tuple[str, ...]]:
+def load_model(path: str) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
     """The model, its weights repacked where llama.cpp has a repacked form (both kernel settings
-    use them), whether llama.cpp repacked any tensor of it, and its tensors' types (ggml's names).
+    use them), the buffer types llama.cpp placed its weights in (ggml's names: ``CPU_Mapped``,
+    ``CPU_REPACK``, ``AMX``), and its tensors' types (ggml's names).
 
-    Only llama.cpp can say the second: whether it repacks a tensor depends on the tensor's type,
-    its shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
-    repack.cpp), so the GGUF's tensor types alone cannot tell. Its public C API reports no model's
-    buffer types (``llama_get_memory_breakdown`` is in the non-public llama-ext.h, returns C++
-    types and needs a context); the load itself does, one log line per buffer it allocated, and a
-    ``CPU_REPACK`` buffer is named only when some tensor went into one. So that line is read.
+    Only llama.cpp can say the second: where it places a tensor depends on the tensor's type, its
+    shape *and* this CPU's features (``ggml_repack_get_optimal_repack_type`` in ggml-cpu's
+    repack.cpp, the AMX buffer's ``supports_op``), so the GGUF's tensor types alone cannot tell. Its
+    public C API reports no model's buffer types (``llama_get_memory_breakdown`` is in the non-public
+    llama-ext.h, returns C++ types and needs a context); the load itself does, one log line per
+    buffer it allocated (``load_tensors:   CPU_REPACK model buffer size =    12.66 MiB``), a buffer
+    type named only when some tensor went into it. So those lines are read.
     """
     llama_cpp = lib()
     with log_captured() as lines:
@@ -105,11 +108,13 @@ def load_model(path: str) -> tuple[object, bool, tuple[str, ...]]:
         params.use_extra_bufts = True
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
     text = b"".join(lines).decode(errors="replace")
-    return model, "CPU_REPACK model buffer" in text, tuple(_TENSOR_TYPES.findall(text))
+    return model, tuple(dict.fromkeys(_BUFFERS.findall(text))), tuple(_TENSOR_TYPES.findall(text))
 
 
 # llama.cpp's load log counts the tensors of each type: "llama_model_loader: - type q4_K:  169 tensors"
 _TENSOR_TYPES = re.compile(r"- type\s+(\w+):\s+\d+ tensors")
+# and names each buffer of weights: "load_tensors:   CPU_REPACK model buffer size =    12.66 MiB"
+_BUFFERS = re.compile(r"(\S+) model buffer size")
 _NOTED: set[str] = set()
 
 
