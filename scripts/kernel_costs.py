@@ -6,7 +6,8 @@ runs in a process of its own, the settings alternating over ``--rounds`` rounds;
 forward of each size over all rounds counts (noise only adds time). Settings:
 
 - ``exact``: exact kernels with specdec's multi-row kernels (no row cap; the patched library);
-- ``capped``: exact kernels capped at 3 rows a micro-batch (``SPECDEC_MULTIROW=0``: before the patch);
+- ``capped``: exact kernels capped at 3 rows a micro-batch (``SPECDEC_MULTIROW=0``: the stock library's
+  cap; 2 and 3 rows still run the patch's multi-row kernels, which the stock library lacks);
 - ``fast``: llama.cpp's fast kernels (``--no-exact``), same build;
 - ``stock``: exact kernels on the stock library (``--stock-lib DIR``, its libllama.so), capped;
 - ``previous``: exact kernels on a build of an earlier version of the patch (``--previous-lib DIR``),

@@ -146,6 +146,10 @@ def test_a_buffer_type_the_self_test_did_not_run_limits_exact_decoding_to_one_ro
     limit = exact_rows(types, repacked=True, n_threads=2, buffers=buffers)
     assert limit.rows == 1 and "buffer type AMX" in limit.note and "CPU_REPACK" not in limit.note
     assert exact_rows(types, repacked=True, n_threads=2, buffers=buffers[:2]) == RowLimit(None)
+    # SPECDEC_MULTIROW=0 caps rows on top of the self-test, never instead of it
+    monkeypatch.setenv("SPECDEC_MULTIROW", "0")
+    assert exact_rows(types, repacked=True, n_threads=2, buffers=buffers).rows == 1
+    assert exact_rows(types, repacked=True, n_threads=2, buffers=buffers[:2]) == RowLimit(REPACKED_ROWS)
     # The stock library has no self-test: its 3-row cap keeps repacked weights on the one-row GEMV,
     # which says nothing of AMX's tiles (used from 2 rows).
     monkeypatch.setattr(kernels, "has_selftest", lambda: False)
@@ -203,9 +207,11 @@ def test_a_type_that_fails_its_self_test_limits_the_rows_below_where_it_failed(m
     assert limit.rows == 3 and "q4_K (1200 outputs differ, from 4 rows)" in limit.note
     verdicts[14] = SelfTest(10, 2, PLAIN)  # a one-row kernel's multi-row form wrong from 2 rows: one row at a time
     assert exact_rows(["f32", "q4_K", "q6_K"], repacked=True, n_threads=2).rows == 1
+    assert exact_rows(["f32", "q4_K", "q6_K"], repacked=True, n_threads=2, multirow=False).rows == 1
     verdicts[12] = verdicts[14] = SelfTest(0, 0, REPACKED)
     assert exact_rows(["f32", "q4_K", "q6_K"], repacked=True, n_threads=2) == RowLimit(None)
     assert exact_rows(["f32", "q4_K"], repacked=True, n_threads=2, multirow=False).rows == REPACKED_ROWS
+    assert exact_rows(["f32", "q4_K"], repacked=False, n_threads=2, multirow=False) == RowLimit(None)
 
 
 @patched

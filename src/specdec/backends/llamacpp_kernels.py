@@ -37,7 +37,7 @@ from specdec.backends.llamacpp_lib import (PLAIN_BUFFERS, REPACK_BUFFER, has_dec
 from specdec.errors import SpecdecError
 
 TILED_ENV = "GGML_CPU_TILED_MM"  # read once per process, at the first matmul
-MULTIROW_ENV = "SPECDEC_MULTIROW"  # "0": exact kernels keep the stock library's row cap (exact_rows)
+MULTIROW_ENV = "SPECDEC_MULTIROW"  # "0": the stock library's row cap on top of the self-test (exact_rows)
 REBUILD = ("CMAKE_ARGS=-DGGML_LLAMAFILE=OFF pip install --force-reinstall --no-deps --no-cache-dir "
            "llama-cpp-python==0.3.36")
 
@@ -153,13 +153,15 @@ def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multir
     not run by the self-test (refused, with a note naming it). Without the patch (the stock library),
     repacked weights take at most :data:`REPACKED_ROWS` rows (its one-row GEMV) and plain ones any
     number, but weights in any other extra buffer type (AMX: VNNI for one row, tiles for two) one row.
-    ``multirow`` False (the capped path, for comparison and its tests; also set by
-    ``SPECDEC_MULTIROW=0`` in the environment) takes the stock library's path on the patched one.
+    ``multirow`` False (``SPECDEC_MULTIROW=0`` in the environment) caps repacked weights at
+    :data:`REPACKED_ROWS` rows on top of the self-test's verdict: the stock library's limits, for
+    comparison and the prompt runner's tests. It does not switch the patch's kernels off: a 2- or
+    3-row micro-batch still runs its multi-row kernels, which is why the self-test still runs.
     """
     if multirow is None and os.environ.get(MULTIROW_ENV) == "0":
         multirow = False
     extra = sorted(set(buffers) - PLAIN_BUFFERS)
-    if multirow is False or not has_selftest():
+    if not has_selftest():
         unknown = [name for name in extra if name != REPACK_BUFFER]
         if unknown:
             return _refused(unknown, "and this llama.cpp has no self-test of their kernels "
@@ -170,7 +172,7 @@ def exact_rows(type_names: Iterable[str], repacked: bool, n_threads: int, multir
             "this llama.cpp has no batch-invariant multi-row kernels with a self-test of every buffer type "
             f"(make setup builds them): exact decoding takes at most {REPACKED_ROWS} rows a micro-batch")
         return RowLimit(REPACKED_ROWS, note)
-    rows: int | None = None
+    rows: int | None = REPACKED_ROWS if multirow is False and repacked else None
     failed: list[str] = []
     tested: set[str] = set()
     refused: dict[str, None] = {}  # buffer types, in order

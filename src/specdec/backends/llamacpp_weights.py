@@ -26,8 +26,9 @@ class LlamaCppWeights:
 
     def __init__(self, path: str, n_ctx: int | None = None, n_batch: int = 512, n_threads: int | None = None,
                  exact: bool | None = None, multirow: bool | None = None) -> None:
-        """``multirow`` False keeps exact decoding to the stock library's few rows a micro-batch on
-        repacked weights even where the library's multi-row kernels pass their self-test."""
+        """``multirow`` False (``SPECDEC_MULTIROW=0``) caps exact decoding on repacked weights at the
+        stock library's 3 rows a micro-batch, on top of the self-test's verdict; the kernels stay the
+        patched library's (2 and 3 rows run its multi-row kernels)."""
         if not os.path.isfile(path):
             raise SpecdecError(f"model file not found: {path}")
         llama_cpp = lib()
