@@ -5,6 +5,7 @@ docs build calls :func:`table`), never copied by hand:
 
     python scripts/bench_tables.py bench-results/qwen-editing            # one run's table
     python scripts/bench_tables.py bench-results/qwen-spec-bench --categories
+    python scripts/bench_tables.py bench-results/loadtest/results.jsonl --loadtest
 """
 
 from __future__ import annotations
@@ -29,25 +30,33 @@ def _num(value, digits: int = 1) -> str:
 
 
 def header(results: dict, run: str) -> str:
-    """One line: what ran, where, when, and the command."""
-    kernels = "exact" if results.get("exact") else "fast"
-    return (f"`{results['model']}` on {results['backend']} ({kernels} kernels), {results.get('cpu', '?')}, "
-            f"{results.get('date', '?')}, commit `{results.get('commit', '?')}`; "
-            f"[results.json]({run}/results.json)\n\n```bash\n{results['command']}\n```\n")
+    """One line: what ran, where, when, and the command (files written before provenance was
+    recorded have no date, commit or command: the page names the commit that added them)."""
+    backend = results["backend"]
+    if backend == "llamacpp":
+        backend += f" ({'exact' if results.get('exact') else 'fast'} kernels)"
+    else:
+        backend += f" {results.get('dtype', '')}".rstrip()
+    when = (f"{results['date']}, commit `{results.get('commit', '?')}`; " if "date" in results
+            else "date and commit not recorded; ")
+    command = f"\n```bash\n{results['command']}\n```\n" if "command" in results else ""
+    return (f"`{results['model']}` on {backend}, {results.get('cpu', '?')}, {when}"
+            f"[results.json]({run}/results.json)\n{command}")
 
 
 def table(run: str, methods: list[str] | None = None) -> str:
     """Methods as rows: end-to-end and after-the-prompt tokens/s, their speed-ups over the same
     backend's plain, mean accepted length and whether every output equals plain decoding's."""
     results = load(run)
-    rows = ["| method | tokens/s | speed-up | after the prompt: tokens/s | speed-up | accepted per step | identical |",
-            "|---|---:|---:|---:|---:|---:|:---:|"]
-    for name, method in results["methods"].items():
-        if methods and name not in methods:
-            continue
-        o = method["overall"]
-        rows.append(f"| `{name}` | {_num(o.get('tokens_per_s'))} | {_num(o.get('speedup'), 2)}x | "
-                    f"{_num(o.get('gen_tokens_per_s'))} | {_num(o.get('gen_speedup'), 2)}x | "
+    chosen = {name: m["overall"] for name, m in results["methods"].items() if not methods or name in methods}
+    # Runs from before the bench timed the prompt apart have no after-the-prompt figures.
+    gen = any(o.get("gen_tokens_per_s") is not None for o in chosen.values())
+    rows = ["| method | tokens/s | speed-up | " + ("after the prompt: tokens/s | speed-up | " if gen else "")
+            + "accepted per step | identical |",
+            "|---|---:|---:|" + ("---:|---:|" if gen else "") + "---:|:---:|"]
+    for name, o in chosen.items():
+        after = f"{_num(o.get('gen_tokens_per_s'))} | {_num(o.get('gen_speedup'), 2)}x | " if gen else ""
+        rows.append(f"| `{name}` | {_num(o.get('tokens_per_s'))} | {_num(o.get('speedup'), 2)}x | {after}"
                     f"{_num(o.get('mean_accepted_length'), 2)} | {'yes' if o.get('identical') else 'no'} |")
     return header(results, run) + "\n" + "\n".join(rows) + "\n"
 
@@ -71,14 +80,75 @@ def categories(run: str, methods: list[str] | None = None, key: str = "speedup")
     return "\n".join(rows) + "\n"
 
 
+def _levels(paths: str) -> list[dict]:
+    """The lines of one or more load-test files (comma-separated), one per server and level."""
+    lines = []
+    for name in paths.split(","):
+        path = Path(name)
+        path = path if path.is_absolute() else ROOT / path
+        lines += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [line for line in lines if "clients" in line]  # not the answers' comparison lines
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _cell(level: dict, ttft_p95: bool = False) -> str:
+    """Total tokens/s · latency p50 / p95 · time to first token p50 (and p95), then how many
+    requests failed and how many answers differ from the same request at the first level. A level
+    with failures has no figures in files written since the load test stopped computing them over
+    the answered requests alone; older files have them, and the page says they do not compare."""
+    parts = []
+    if level.get("tokens_per_s") is not None:
+        ttft = f"{level['ttft_p50_s']:.2f}" + (f" / {_seconds(level['ttft_p95_s'])}" if ttft_p95 else "")
+        parts += [f"**{level['tokens_per_s']:.1f}**", f"{_seconds(level['p50_s'])} / {_seconds(level['p95_s'])} s",
+                  f"{ttft} s"]
+    if level.get("failures"):
+        parts.append(f"{level['failures']} failed")
+    if level.get("differ_from_first_level"):
+        parts.append(f"{level['differ_from_first_level']} differ")
+    return " · ".join(parts) or "-"
+
+
+def loadtest(path: str, servers: list[str] | None = None) -> str:
+    """A load test's results (``python -m specdec.server.loadtest``, one JSON line per server and
+    level; several files comma-separated): clients as rows and servers as columns, or, where every
+    server ran one level, servers as rows with each one's total tokens/s over the first's."""
+    levels = _levels(path)
+    names = list(dict.fromkeys(line["server"] for line in levels))
+    names = [n for n in (servers or names) if n in names] if servers else names
+    clients = sorted({line["clients"] for line in levels if line["server"] in names})
+    at = {(line["server"], line["clients"]): line for line in levels}
+    if len(clients) == 1:
+        first = at[(names[0], clients[0])].get("tokens_per_s")
+        rows = [f"| server, {clients[0]} clients | **total tokens/s** · latency p50 / p95 · time to first token "
+                f"p50 / p95 | total tokens/s over `{names[0]}` |", "|---|---|---:|"]
+        for name in names:
+            level = at[(name, clients[0])]
+            ratio = level.get("tokens_per_s")
+            ratio = f"{ratio / first:.2f}x" if ratio is not None and first else "-"
+            rows.append(f"| `{name}` | {_cell(level, ttft_p95=True)} | {ratio} |")
+        return "\n".join(rows) + "\n"
+    rows = ["| clients | " + " | ".join(f"`{n}`" for n in names) + " |", "|---:|" + "---:|" * len(names)]
+    for c in clients:
+        rows.append(f"| {c} | " + " | ".join(_cell(at[(n, c)]) if (n, c) in at else "-" for n in names) + " |")
+    return ("Cells: **total tokens/s** · latency p50 / p95 · time to first token p50.\n\n"
+            + "\n".join(rows) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a bench-results folder (or its results.json)")
     parser.add_argument("--methods", help="comma-separated: only these")
     parser.add_argument("--categories", action="store_true", help="the per-category speed-up table")
+    parser.add_argument("--loadtest", action="store_true", help="RUN is a load test's results.jsonl")
     args = parser.parse_args()
     methods = args.methods.split(",") if args.methods else None
-    print(categories(args.run, methods) if args.categories else table(args.run, methods))
+    if args.loadtest:
+        print(loadtest(args.run, methods))
+    else:
+        print(categories(args.run, methods) if args.categories else table(args.run, methods))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ Generated parts of pages, so that nothing the code knows is copied by hand:
 - ``<!-- registry: drafters|policies|backends -->``: what is registered, with its help and options;
 - ``<!-- bench: RUN [methods=a,b] -->`` and ``<!-- bench-categories: RUN [methods=a,b] -->``:
   tables from ``bench-results/RUN/results.json`` (:mod:`bench_tables`);
+- ``<!-- loadtest: FILE [servers=a,b] -->``: a load test's table from its ``results.jsonl``
+  (:func:`bench_tables.loadtest`);
 - ``<!-- gpu: architectures|pair|smollm2 -->``: the GPU check's tables from
   ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`).
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_tables  # noqa: E402
 import gpu_tables  # noqa: E402
 
-MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|gpu):\s*([^\s>]+)((?:\s+\w+=[^\s>]+)*)\s*-->")
+MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|gpu):\s*([^\s>]+)((?:\s+\w+=[^\s>]+)*)\s*-->")
 PUBLISHED = (".json", ".jsonl", ".png")
 
 
@@ -98,6 +100,7 @@ def _render(match: re.Match) -> str:
     kind, arg, rest = match.group(1), match.group(2), match.group(3)
     params = dict(p.split("=", 1) for p in rest.split())
     methods = params["methods"].split(",") if "methods" in params else None
+    servers = params["servers"].split(",") if "servers" in params else None
     if kind == "cli":
         return cli_reference(arg)
     if kind == "registry":
@@ -106,6 +109,8 @@ def _render(match: re.Match) -> str:
         return bench_tables.table(arg, methods)
     if kind == "gpu":
         return gpu_tables.table(arg)
+    if kind == "loadtest":
+        return bench_tables.loadtest(arg, servers)
     return bench_tables.categories(arg, methods)
 
 
