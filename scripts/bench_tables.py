@@ -102,8 +102,8 @@ def _cell(level: dict, ttft_p95: bool = False) -> str:
     parts = []
     if level.get("tokens_per_s") is not None:
         ttft = f"{level['ttft_p50_s']:.2f}" + (f" / {_seconds(level['ttft_p95_s'])}" if ttft_p95 else "")
-        parts += [f"**{level['tokens_per_s']:.1f}**", f"{_seconds(level['p50_s'])} / {_seconds(level['p95_s'])} s",
-                  f"{ttft} s"]
+        latency = f"{_seconds(level['p50_s'])} / {_seconds(level['p95_s'])} s"
+        parts += [f"**{level['tokens_per_s']:.1f}**", latency, f"{ttft} s"]
     if level.get("failures"):
         parts.append(f"{level['failures']} failed")
     if level.get("differ_from_first_level"):
@@ -122,8 +122,8 @@ def loadtest(path: str, servers: list[str] | None = None) -> str:
     at = {(line["server"], line["clients"]): line for line in levels}
     if len(clients) == 1:
         first = at[(names[0], clients[0])].get("tokens_per_s")
-        rows = [f"| server, {clients[0]} clients | **total tokens/s** · latency p50 / p95 · time to first token "
-                f"p50 / p95 | total tokens/s over `{names[0]}` |", "|---|---|---:|"]
+        rows = [f"| server, {clients[0]} clients | **total tokens/s** · latency p50 / p95 · "
+                f"time to first token p50 / p95 | total tokens/s over `{names[0]}` |", "|---|---|---:|"]
         for name in names:
             level = at[(name, clients[0])]
             ratio = level.get("tokens_per_s")
@@ -132,7 +132,8 @@ def loadtest(path: str, servers: list[str] | None = None) -> str:
         return "\n".join(rows) + "\n"
     rows = ["| clients | " + " | ".join(f"`{n}`" for n in names) + " |", "|---:|" + "---:|" * len(names)]
     for c in clients:
-        rows.append(f"| {c} | " + " | ".join(_cell(at[(n, c)]) if (n, c) in at else "-" for n in names) + " |")
+        cells = [_cell(at[(n, c)]) if (n, c) in at else "-" for n in names]
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
     return ("Cells: **total tokens/s** · latency p50 / p95 · time to first token p50.\n\n"
             + "\n".join(rows) + "\n")
 

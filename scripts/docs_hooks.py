@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_tables  # noqa: E402
 import gpu_tables  # noqa: E402
 
-MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|gpu):\s*([^\s>]+)((?:\s+\w+=[^\s>]+)*)\s*-->")
+MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|gpu):\s*([^\s>]+)"
+                    r"((?:\s+\w+=[^\s>]+)*)\s*-->")
 PUBLISHED = (".json", ".jsonl", ".png")
 
 
