@@ -43,10 +43,12 @@ def test_rollback_across_gemma_sliding_window_is_exact(real):
 def test_ngram_greedy_equals_plain(real, category):
     ids = real.encode(spec_bench_prompts()[category], chat=real.has_chat_template)
     plain = real.generate(ids, max_new_tokens=32, drafter="none")
+    # A fixed draft length: every step with a match verifies a draft, where the adaptive policy may
+    # rightly take plain steps on this CPU (a plain step compares nothing).
     for k in (2, 8):  # a short draft (its rejections mid-draft) and a long one (whole copies)
-        spec = real.generate(ids, max_new_tokens=32, drafter="ngram", num_draft=k)
+        spec = real.generate(ids, max_new_tokens=32, drafter="ngram", num_draft=k, policy="fixed")
         assert spec.token_ids == plain.token_ids, f"K={k} diverged"
-    assert plain.stats.new_tokens > 0
+        assert spec.stats.accepted > 0, f"K={k}: no draft token accepted"
 
 
 def test_self_speculation_with_bf16_weights_is_exact(real, bf16_drafter):
@@ -80,17 +82,26 @@ def test_a_seed_gives_the_same_tokens_with_any_drafter(real, bf16_drafter):
 
 
 @pytest.mark.parametrize("drafter", ["self", "combined"])
-def test_the_target_drafting_for_itself_is_exact(real, drafter):
+def test_the_target_drafting_for_itself_is_exact(real, drafter, monkeypatch):
     """Self-speculation through the target's own layers and a small head: greedy and seeded
-    sampling give plain decoding's tokens, and the head's drafts are mostly accepted."""
+    sampling give plain decoding's tokens, with drafts accepted, and on Gemma the drafter drafts
+    of its own accord, mostly accepted."""
+    from specdec.drafters.self_spec import SelfDrafter
+
     ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
-    runs = {}
-    for kwargs in (dict(), dict(temperature=0.8, seed=7)):
-        plain = real.generate(ids, max_new_tokens=32, drafter="none", **kwargs)
-        runs[bool(kwargs)] = spec = real.generate(ids, max_new_tokens=32, drafter=drafter, **kwargs)
-        assert spec.token_ids == plain.token_ids, kwargs
+    samplings = (dict(), dict(temperature=0.8, seed=7))
+    plain = [real.generate(ids, max_new_tokens=32, drafter="none", **kwargs) for kwargs in samplings]
     if drafter == "self" and real.name == "gemma3-270m":
         # Gemma's 262k-row head is half its forward, so drafting pays (SmolLM2's 49k head is an
         # eighth: there the drafter measures that it does not, and leaves it to plain steps).
-        greedy = runs[False]
+        greedy = real.generate(ids, max_new_tokens=32, drafter=drafter)
+        assert greedy.token_ids == plain[0].token_ids
         assert greedy.stats.drafted > 0 and greedy.stats.acceptance_rate > 0.7
+    # Where the measured costs say drafting does not pay (SmolLM2, and sampling, whose drafts are
+    # accepted less often) every step may be plain, and equal tokens prove nothing: made to draft
+    # through the layers whatever the costs.
+    monkeypatch.setattr(SelfDrafter, "_worth", lambda self, survival: True)
+    for kwargs, want in zip(samplings, plain):
+        spec = real.generate(ids, max_new_tokens=32, drafter=drafter, **kwargs)
+        assert spec.token_ids == want.token_ids, kwargs
+        assert spec.stats.accepted > 0, kwargs
