@@ -33,3 +33,6 @@ def test_tree_drafts_on_a_real_model_change_no_greedy_token(models):
     plain = gemma.generate(PROMPT, max_new_tokens=32, drafter="none")
     out = gemma.generate(PROMPT, max_new_tokens=32, drafter="ngram", tree=True, policy="fixed", num_draft=8)
     assert out.token_ids == plain.token_ids
+    # A fixed policy verifies only what the index proposes: branched drafts were verified and kept.
+    assert out.stats.tree_nodes > 0, "no branched draft was verified"
+    assert out.stats.accepted > 0, "no draft token was accepted"
