@@ -141,30 +141,38 @@ def prompt_ids(model):
     return [model.encode(text, chat=chat) for text in texts.values()]
 
 
-# Fixed-K trees: the adaptive policy rarely branches on this CPU, fixed K always does (rejected
-# nodes every step).
-SPECULATIVE = [dict(drafter="ngram"), dict(drafter="ngram", tree=True), dict(drafter="recycle"),
-               dict(drafter="recycle", tree=True), dict(drafter="ngram", policy="fixed", num_draft=4),
+# Fixed draft lengths: every step verifies what the drafter proposes, and trees branch (rejected
+# nodes every step). The adaptive policy may rightly take only plain steps on this CPU (it drafted
+# nothing on SmolLM2's writing prompt), and a plain step compares nothing.
+SPECULATIVE = [dict(drafter="ngram", policy="fixed", num_draft=4),
+               dict(drafter="ngram", tree=True, policy="fixed", num_draft=3),
+               dict(drafter="recycle", policy="fixed", num_draft=2),
                dict(drafter="recycle", tree=True, policy="fixed", num_draft=6),
-               dict(drafter="ngram", tree=True, policy="fixed", num_draft=3)]
+               dict(drafter="ngram", policy="fixed", num_draft=8),
+               dict(drafter="recycle", tree=True, policy="fixed", num_draft=3),
+               dict(drafter="recycle", policy="fixed", num_draft=5)]
 
 
 def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
-    accepted = 0
     for ids in prompt_ids:
         plain = model.generate(ids, drafter="none", max_new_tokens=32)
         for kwargs in SPECULATIVE:
             spec = model.generate(ids, max_new_tokens=32, **kwargs)
             assert spec.token_ids == plain.token_ids, kwargs
-            accepted += spec.stats.accepted
-    assert accepted > 0  # drafts were verified and kept, not just declined
+            assert spec.stats.accepted > 0, f"{kwargs}: no draft token accepted"
+            if kwargs.get("tree"):
+                assert spec.stats.tree_nodes > 0, f"{kwargs}: no branched draft verified"
 
 
 def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
     kwargs = dict(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11)
     plain = model.generate(prompt_ids[0], drafter="none", **kwargs)
     for spec_kwargs in SPECULATIVE[:3]:
-        assert model.generate(prompt_ids[0], **spec_kwargs, **kwargs).token_ids == plain.token_ids, spec_kwargs
+        spec = model.generate(prompt_ids[0], **spec_kwargs, **kwargs)
+        assert spec.token_ids == plain.token_ids, spec_kwargs
+        # Verified, not necessarily accepted: a sampled continuation leaves the prompt's n-grams
+        # (on SmolLM2 one token accepted of 20 to 57 drafted).
+        assert spec.stats.drafted > 0, f"{spec_kwargs}: no draft verified"
 
 
 def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
