@@ -62,9 +62,11 @@ def _drafters():
 
 @pytest.mark.parametrize("name", _drafters())
 @pytest.mark.parametrize("tree", [False, True])
-def test_every_registered_drafter_gives_plain_greedy_tokens(tiny, tiny_twin, name, tree, drafting_whenever_possible):
+def test_every_registered_drafter_gives_plain_greedy_tokens(tiny, tiny_twin, name, tree,
+                                                           drafting_whenever_possible):
     plain = tiny.generate(PROMPT, max_new_tokens=24, drafter="none")
-    out = tiny.generate(PROMPT, max_new_tokens=24, drafter=name, tree=tree, **FIXED, **_extra(name, tiny_twin))
+    out = tiny.generate(PROMPT, max_new_tokens=24, drafter=name, tree=tree, **FIXED,
+                        **_extra(name, tiny_twin))
     assert out.token_ids == plain.token_ids
     assert out.stats.accepted > 0, "no draft token was accepted: the comparison says nothing"
 
@@ -77,8 +79,8 @@ def test_every_registered_drafter_gives_the_seeded_plain_text(tiny, tiny_draft, 
     plain = tiny.generate(PROMPT, drafter="none", **sampling)
     out = tiny.generate(PROMPT, drafter=name, **sampling, **FIXED, **_extra(name, tiny_draft))
     assert out.token_ids == plain.token_ids
-    # Drafts verified, not necessarily accepted: the random tiny model samples nearly uniform
-    # noise, which no lookup in the prompt predicts.
+    # Drafts verified, not necessarily accepted: the tiny model's weights are random, its samples
+    # follow nothing in the prompt, and the lookups' drafts are rightly rejected.
     assert out.stats.drafted > 0, "no draft was verified: the comparison says nothing"
 
 
