@@ -5,6 +5,7 @@ loadable, and no temporary beside it. Checked for the helper and for every write
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import resource
@@ -48,22 +49,31 @@ def full_disk_midway(monkeypatch):
     monkeypatch.setattr(files, "open", lambda *a, **k: _HalfWrite(open(*a, **k)), raising=False)
 
 
-@pytest.fixture
-def file_size_limit():
-    """``limit(n)``: this process may write no file beyond ``n`` bytes until the test ends, as on
-    a disk that fills up midway. Independent of how a writer writes (in place or not): the
-    kernel refuses the write (EFBIG) once the file reaches ``n`` bytes."""
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not the signal's kill
-
-    def limit(n: int) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (n, old_limit[1]))
-
-    try:
-        yield limit
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
+def under_file_size_limit(limit: int, save) -> tuple[str, str]:
+    """Run ``save()`` in a child process that may write no file beyond ``limit`` bytes, as on a
+    disk that fills up midway, whatever way the writer writes (the kernel refuses the write with
+    EFBIG once a file reaches the limit); what it raised ("" if nothing) and what it wrote to
+    stderr. A child, so that the test process itself is never limited: pytest writes its report
+    and captured output after a test, maybe to files already past the limit."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: limited, reports back, never returns to pytest
+        os.close(read)
+        raised, sys.stderr = "", io.StringIO()  # its warnings come back through the pipe
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not the signal's kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+            save()
+        except BaseException as error:  # noqa: BLE001 - reported to the parent, which asserts on it
+            raised = f"{type(error).__name__}: {error}"
+        finally:
+            os.write(write, json.dumps([raised, sys.stderr.getvalue()]).encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        raised, err = json.loads(pipe.read().decode())
+    os.waitpid(pid, 0)
+    return raised, err
 
 
 def listing(folder) -> list[str]:
@@ -128,7 +138,7 @@ def _memory(*outputs: list[int]) -> NgramMemory:
     return memory
 
 
-def test_a_memory_save_that_runs_out_of_disk_keeps_what_was_learned(tmp_path, file_size_limit):
+def test_a_memory_save_that_runs_out_of_disk_keeps_what_was_learned(tmp_path):
     """The issue's case: ``--memory`` saved onto a full disk. Before, the file was truncated and
     half rewritten, and the next start refused it ("delete it to start afresh")."""
     path = tmp_path / "memory.json"
@@ -136,35 +146,30 @@ def test_a_memory_save_that_runs_out_of_disk_keeps_what_was_learned(tmp_path, fi
     learned.save(path)
     size = path.stat().st_size
     more = _memory([5, 6, 7, 8, 9, 5, 6, 7, 10], list(range(100, 3000)))  # a much longer file
-    file_size_limit(size + 100)  # room for the old file, not for the new one
-    with pytest.raises(SpecdecError, match="cannot save the memory"):
-        more.save(path)
+    # room for the old file, not for the new one
+    assert "cannot save the memory" in under_file_size_limit(size + 100, lambda: more.save(path))[0]
     again = NgramMemory.load(path)
     assert len(again) == len(learned) and again.lookup([5, 6, 7]) == (3, {8: 1, 10: 1})
     assert listing(tmp_path) == ["memory.json"]
 
 
-def test_a_cache_store_that_runs_out_of_disk_keeps_the_cached_value(tmp_path, monkeypatch, file_size_limit,
-                                                                   capsys):
+def test_a_cache_store_that_runs_out_of_disk_keeps_the_cached_value(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     cache = JsonCache("costs", "cpu:model")
     cache.path.parent.mkdir(parents=True)
     cache.path.write_text(json.dumps({"a": 1.5}))
-    file_size_limit(100)
-    cache.store({"a": 2.5, "b": list(range(1000))})  # warns, carries on
-    assert "cannot write the cache folder" in capsys.readouterr().err
+    raised, err = under_file_size_limit(100, lambda: cache.store({"a": 2.5, "b": list(range(1000))}))
+    assert raised == "" and "cannot write the cache folder" in err  # warns, carries on
     assert cache.load(dict) == {"a": 1.5}
     assert listing(cache.path.parent) == [cache.path.name]
 
 
-def test_a_trace_save_that_runs_out_of_disk_keeps_the_previous_trace(tmp_path, file_size_limit):
+def test_a_trace_save_that_runs_out_of_disk_keeps_the_previous_trace(tmp_path):
     from specdec.views.files import save
 
     path = tmp_path / "t.json"
     path.write_text('{"old": 1}')
-    file_size_limit(100)
-    with pytest.raises(SpecdecError, match="cannot write the trace"):
-        save({"steps": list(range(1000))}, path)
+    assert "cannot write the trace" in under_file_size_limit(100, lambda: save({"steps": list(range(1000))}, path))[0]
     assert json.loads(path.read_text()) == {"old": 1} and listing(tmp_path) == ["t.json"]
 
 
