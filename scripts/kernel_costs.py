@@ -10,12 +10,14 @@ forward of each size over all rounds counts (noise only adds time). Settings:
   cap; 2 and 3 rows still run the patch's multi-row kernels, which the stock library lacks);
 - ``fast``: llama.cpp's fast kernels (``--no-exact``), same build;
 - ``stock``: exact kernels on the stock library (``--stock-lib DIR``, its libllama.so), capped;
+- ``stock-fast``: the stock library's own kernels (``--no-exact``), what a user of stock llama.cpp
+  runs (``make llama-peers`` builds it with llamafile's kernels, as llama.cpp does by default);
 - ``previous``: exact kernels on a build of an earlier version of the patch (``--previous-lib DIR``),
   uncapped: what the newest version of the patch changed, in the same run.
 
 Then, per model, the bits: a k-token forward against k one-token forwards for every k in the sizes.
 
-    python scripts/kernel_costs.py --out bench-results/qwen-kernels [--stock-lib DIR]
+    python scripts/kernel_costs.py --out bench-results/qwen-kernels-stock --stock-lib .peers/llama.cpp/build/bin
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import sys
 from pathlib import Path
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
-SETTINGS = ("exact", "capped", "fast", "stock", "previous")
+SETTINGS = ("exact", "capped", "fast", "stock", "stock-fast", "previous")
+ON_STOCK = ("stock", "stock-fast")  # the settings that load the stock library
 
 
 def worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool) -> dict:
@@ -41,7 +44,8 @@ def worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool)
     from specdec.costs import measure_forward_costs
     from specdec.models import resolve
 
-    weights = load_llamacpp(str(resolve(model, need_hf=False).gguf), n_ctx=1024, exact=setting != "fast")
+    weights = load_llamacpp(str(resolve(model, need_hf=False).gguf), n_ctx=1024,
+                            exact=setting not in ("fast", "stock-fast"))
     backend = LlamaCppBackend(weights)
     rng = random.Random(0)
     context = [rng.randrange(100, 30000) for _ in range(200)]
@@ -68,12 +72,22 @@ def run_worker(setting: str, model: str, sizes: list[int], repeats: int, bits: b
     env.pop("SPECDEC_MULTIROW", None)
     if setting == "capped":
         env["SPECDEC_MULTIROW"] = "0"
-    if setting in libs:
-        env["LLAMA_CPP_LIB_PATH"] = libs[setting]
+    library = libs.get("stock") if setting in ON_STOCK else libs.get(setting)
+    if library:
+        env["LLAMA_CPP_LIB_PATH"] = library
     command = [sys.executable, __file__, "--worker", setting, "--model", model, "--sizes",
                ",".join(map(str, sizes)), "--repeats", str(repeats)] + (["--bits"] if bits else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _commit() -> str | None:
+    """The checkout's commit, ``+dirty`` with uncommitted changes (what reproduces the file)."""
+    try:
+        return subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty=+dirty",
+                               "--abbrev=12"], capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def main() -> None:
@@ -98,7 +112,8 @@ def main() -> None:
     from specdec.cpu import machine_tag
 
     libs = {s: d for s, d in (("stock", args.stock_lib), ("previous", args.previous_lib)) if d}
-    settings = [s for s in SETTINGS if s not in ("stock", "previous") or s in libs]
+    settings = [s for s in SETTINGS if not (s in ON_STOCK and "stock" not in libs) and
+                not (s == "previous" and "previous" not in libs)]
     best: dict[str, dict[str, float]] = {}
     info: dict[str, dict] = {}
     for r in range(args.rounds):
@@ -116,14 +131,18 @@ def main() -> None:
         "model": args.model, "cpu": machine_tag(),
         "build_isa": "AVX-512" if "AVX512 = 1" in info["exact"]["system"] else "AVX2", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python scripts/kernel_costs.py " + " ".join(sys.argv[1:]),
+        "commit": _commit(),
         "ms": ms, "exact_over_fast": ratios,
         "exact_one_row_over_stock": round(best["exact"]["1"] / best["stock"]["1"], 3) if "stock" in best else None,
+        "exact_over_stock_fast": ({k: round(best["exact"][k] / best["stock-fast"][k], 3) for k in best["exact"]}
+                                  if "stock-fast" in best else None),
         "exact_over_previous": ({k: round(best["exact"][k] / best["previous"][k], 3) for k in best["exact"]}
                                 if "previous" in best else None),
         "ms_per_row": {s: {k: round(v / int(k), 2) for k, v in ms[s].items()} for s in ms},
         "rows_differing_from_one_row_forwards": bits, "settings": info,
     }
-    print(json.dumps({k: result[k] for k in ("ms", "exact_over_fast", "exact_one_row_over_stock", "exact_over_previous")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("ms", "exact_over_fast", "exact_one_row_over_stock", "exact_over_stock_fast",
+                                             "exact_over_previous")}, indent=1))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -2,7 +2,8 @@
 as written: it parses,
 its prompt set ships with specdec (no ``../shared`` path), it selects questions, and its methods
 pass the checks made before any model loads. A peer that needs an optional build (``make
-llama-peers``, ``make vllm``) may be refused, with the message that names the make target."""
+llama-peers``, ``make vllm``, ``make arctic-suffix``) may be refused, with the message that names
+the make target."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from specdec.errors import SpecdecError
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-OPTIONAL_BUILDS = ("make llama-peers", "make vllm")
+OPTIONAL_BUILDS = ("make llama-peers", "make vllm", "make arctic-suffix")
 
 
 def readme_commands(program: str) -> list[str]:
