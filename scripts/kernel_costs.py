@@ -10,14 +10,15 @@ forward of each size over all rounds counts (noise only adds time). Settings:
   cap; 2 and 3 rows still run the patch's multi-row kernels, which the stock library lacks);
 - ``fast``: llama.cpp's fast kernels (``--no-exact``), same build;
 - ``stock``: exact kernels on the stock library (``--stock-lib DIR``, its libllama.so), capped;
-- ``stock-fast``: the stock library's own kernels (``--no-exact``), what a user of stock llama.cpp
-  runs (``make llama-peers`` builds it with llamafile's kernels, as llama.cpp does by default);
+- ``stock-fast``: the llama.cpp users get (``--users-lib DIR``: ``make llama-peers`` builds it in
+  ``.peers/llama.cpp/build/bin``, default options, llamafile's kernels on) with its own kernels
+  (``--no-exact``; exact decoding refuses a llamafile build);
 - ``previous``: exact kernels on a build of an earlier version of the patch (``--previous-lib DIR``),
   uncapped: what the newest version of the patch changed, in the same run.
 
 Then, per model, the bits: a k-token forward against k one-token forwards for every k in the sizes.
 
-    python scripts/kernel_costs.py --out bench-results/qwen-kernels-stock --stock-lib .peers/llama.cpp/build/bin
+    python scripts/kernel_costs.py --out bench-results/qwen-kernels-stock --users-lib .peers/llama.cpp/build/bin
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from pathlib import Path
 
 SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
 SETTINGS = ("exact", "capped", "fast", "stock", "stock-fast", "previous")
-ON_STOCK = ("stock", "stock-fast")  # the settings that load the stock library
 
 
 def worker(setting: str, model: str, sizes: list[int], repeats: int, bits: bool) -> dict:
@@ -72,9 +72,8 @@ def run_worker(setting: str, model: str, sizes: list[int], repeats: int, bits: b
     env.pop("SPECDEC_MULTIROW", None)
     if setting == "capped":
         env["SPECDEC_MULTIROW"] = "0"
-    library = libs.get("stock") if setting in ON_STOCK else libs.get(setting)
-    if library:
-        env["LLAMA_CPP_LIB_PATH"] = library
+    if setting in libs:
+        env["LLAMA_CPP_LIB_PATH"] = libs[setting]
     command = [sys.executable, __file__, "--worker", setting, "--model", model, "--sizes",
                ",".join(map(str, sizes)), "--repeats", str(repeats)] + (["--bits"] if bits else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
@@ -97,7 +96,10 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--stock-lib", help="folder of a stock llama.cpp build's libllama.so (the 'stock' setting)")
+    parser.add_argument("--stock-lib", help="folder of a stock llama.cpp build without llamafile, its libllama.so "
+                                            "(the 'stock' setting: exact, capped)")
+    parser.add_argument("--users-lib", help="folder of the llama.cpp build users get, its libllama.so (the "
+                                            "'stock-fast' setting; make llama-peers: .peers/llama.cpp/build/bin)")
     parser.add_argument("--previous-lib", help="folder of a build of an earlier version of specdec's patch "
                                                "(the 'previous' setting)")
     parser.add_argument("--out", type=Path)
@@ -111,9 +113,9 @@ def main() -> None:
 
     from specdec.cpu import machine_tag
 
-    libs = {s: d for s, d in (("stock", args.stock_lib), ("previous", args.previous_lib)) if d}
-    settings = [s for s in SETTINGS if not (s in ON_STOCK and "stock" not in libs) and
-                not (s == "previous" and "previous" not in libs)]
+    libs = {s: d for s, d in (("stock", args.stock_lib), ("stock-fast", args.users_lib),
+                              ("previous", args.previous_lib)) if d}
+    settings = [s for s in SETTINGS if s in ("exact", "capped", "fast") or s in libs]
     best: dict[str, dict[str, float]] = {}
     info: dict[str, dict] = {}
     for r in range(args.rounds):
