@@ -138,6 +138,39 @@ def loadtest(path: str, servers: list[str] | None = None) -> str:
             + "\n".join(rows) + "\n")
 
 
+KERNEL_SETTINGS = {
+    "exact": "exact, specdec's kernels (the default)",
+    "fast": "fast (`--no-exact`), the same build",
+    "capped": "exact capped at 3 rows a micro-batch (`SPECDEC_MULTIROW=0`)",
+    "stock": "exact on a stock build without llamafile (capped)",
+    "stock-fast": "the llama.cpp users get (`make llama-peers`: llamafile on), its own kernels",
+    "previous": "exact, the patch's first version",
+}
+
+
+def kernels(run: str) -> str:
+    """A ``scripts/kernel_costs.py`` run: milliseconds of a forward of k rows per kernel setting,
+    exact over each other setting, and how many rows of a k-row forward differ from k one-row
+    forwards, with where it ran."""
+    results = load(run)
+    sizes = list(results["ms"]["exact"])
+    head = "| kernels | " + " | ".join(sizes) + " |\n|---|" + "---:|" * len(sizes)
+    rows = [f"| {KERNEL_SETTINGS.get(name, name)} | " + " | ".join(_num(ms[k]) for k in sizes) + " |"
+            for name, ms in results["ms"].items()]
+    for name in results["ms"]:
+        if name != "exact":
+            rows.append(f"| exact over {name} | " + " | ".join(
+                f"{results['ms']['exact'][k] / results['ms'][name][k]:.2f}x" for k in sizes) + " |")
+    for model, settings in results.get("rows_differing_from_one_row_forwards", {}).items():
+        for name, differing in settings.items():
+            rows.append(f"| rows differing from one-row forwards: {name}, {model} | "
+                        + " | ".join(str(differing.get(k, "-")) for k in sizes) + " |")
+    where = (f"`{results.get('model', '?')}`, {results.get('cpu', '?')} ({results.get('build_isa', '?')} build), "
+             f"{results.get('date', '?')}, commit `{results.get('commit') or 'not recorded'}`; "
+             f"[results.json]({run}/results.json); milliseconds of one forward of k new rows (the fastest round)")
+    return f"{where}\n\n```bash\n{results['command']}\n```\n\n{head}\n" + "\n".join(rows) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a bench-results folder (or its results.json)")
