@@ -47,6 +47,9 @@ FOLDERS: dict[str, tuple[str, str, str]] = {
     "qwen-kernels-gen2": ("an exact forward of k rows against llama.cpp's fast kernels and the patch's first "
                           "version; the bits of k rows against k one-row forwards (scripts/kernel_costs.py)",
                           "-", "Exact vs fast"),
+    "qwen-kernels-stock": ("an exact forward of k rows against the llama.cpp users get (make llama-peers, "
+                           "llamafile on) and the same build's fast kernels, in one run (scripts/kernel_costs.py)",
+                           "-", "Exact vs fast"),
     "qwen-kernels-gen2-avx2": ("the same with an AVX2-only build of the same source", "-", "Exact vs fast"),
     "q4k-gemv-rows": ("the multi-row Q4_K GEMV against ggml's GEMV and GEMM, a C microbenchmark", "-",
                       "Exact vs fast"),
