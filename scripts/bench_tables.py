@@ -112,7 +112,7 @@ def _cell(level: dict, ttft_p95: bool = False) -> str:
 
 
 def loadtest(path: str, servers: list[str] | None = None) -> str:
-    """A load test's results (``python -m specdec.server.loadtest``, one JSON line per server and
+    """A load test's results (``scripts/loadtest.py``, one JSON line per server and
     level; several files comma-separated): clients as rows and servers as columns, or, where every
     server ran one level, servers as rows with each one's total tokens/s over the first's."""
     levels = _levels(path)

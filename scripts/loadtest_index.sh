@@ -24,7 +24,7 @@ run() {  # port label key server-flags...
   .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port "$port" "$@" \
       > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
   # The load test waits (--ready-timeout) until the server answers a real request.
-  $PY -m specdec.server.loadtest --url "http://127.0.0.1:$port" --clients "$CLIENTS" --requests "$REQUESTS" \
+  $PY scripts/loadtest.py --url "http://127.0.0.1:$port" --clients "$CLIENTS" --requests "$REQUESTS" \
       --max-tokens "$MAX_TOKENS" --questions humaneval-files --distinct "$DISTINCT" --time-limit 3600 \
       --ready-timeout 600 --label "$label" ${key:+--api-key "$key"} --texts "$(dirname "$OUT")/texts-$label.json" \
       | tee -a "$OUT" || rc=$?

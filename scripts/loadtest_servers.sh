@@ -30,7 +30,7 @@ DRAFT_GGUF=""
 
 # The load test itself waits (--ready-timeout) until the server answers a real request: llama-server
 # lists its model on /v1/models while it still loads it, and answers 503 to the rest until done.
-load() { $PY -m specdec.server.loadtest --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" \
+load() { $PY scripts/loadtest.py --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" \
            --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "$2" \
            | tee -a "$OUT"; }
 run() {  # port label command...

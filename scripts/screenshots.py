@@ -17,7 +17,7 @@ from rich.console import Console
 import specdec
 from specdec.commands.generate import plain_step_s
 from specdec.trace import Detokenizer, document, step_record
-from specdec.views.browser import chromium
+from browser import chromium
 from specdec.views.files import save
 from specdec.views.terminal import LiveView, describe, replay
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -12,6 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# The tooling tests share with the scripts (the load test, the headless browser) lives in scripts/,
+# outside the package users install.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from specdec.backends.toy import ToyLM
 from specdec.engine import DecodeConfig, decode

@@ -21,7 +21,7 @@ from specdec.backends.llamacpp_batched import MarginalCosts  # noqa: E402
 from specdec.costs import CostModel  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServeConfig, Server  # noqa: E402
-from specdec.server.loadtest import run_load  # noqa: E402
+from loadtest import run_load  # noqa: E402
 from specdec.bench.questions import load_questions  # noqa: E402
 
 pytestmark = [pytest.mark.real,

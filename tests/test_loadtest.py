@@ -1,4 +1,4 @@
-"""The load test (:mod:`specdec.server.loadtest`) against fake servers: it waits until a server
+"""The load test (scripts/loadtest.py) against fake servers: it waits until a server
 answers a real request before timing any (a server that listens while it loads its model, as
 llama-server does, answered the first timed requests with 503), and a level where requests failed
 gives no figures to compare, only how many failed and why."""
@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
 from conftest import serving  # noqa: E402
-from specdec.server import loadtest  # noqa: E402
+import loadtest  # noqa: E402
 
 
 def fake_server(fails=lambda n: False, status: int = 503) -> FastAPI:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specdec.views.browser import BROWSERS, DRIVERS, chromium, find
+from browser import BROWSERS, DRIVERS, chromium, find
 
 pytestmark = pytest.mark.real
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conftest import serving
 from specdec.server.app import ServeConfig, Server
-from specdec.server.loadtest import run_load
+from loadtest import run_load
 
 PROMPTS = ["the quick brown fox", "hello world hello world", "zebra", "the quick brown fox jumps over the lazy"]
 

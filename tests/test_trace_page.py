@@ -13,7 +13,7 @@ import pytest
 
 import specdec
 from specdec.trace import document
-from specdec.views.browser import BROWSERS, DRIVERS, chromium, find
+from browser import BROWSERS, DRIVERS, chromium, find
 from specdec.views.files import save
 
 PROMPT = "the quick brown fox the quick brown dog the quick brown cat the quick brown"

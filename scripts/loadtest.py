@@ -4,7 +4,7 @@ report gives failures, latency and time-to-first-token percentiles, total tokens
 answers differ from the same request's answer at the first concurrency level (served alone when
 that level is 1).
 
-    python -m specdec.server.loadtest --url http://127.0.0.1:8000 --clients 1,4,8,16 --requests 32 \
+    python scripts/loadtest.py --url http://127.0.0.1:8000 --clients 1,4,8,16 --requests 32 \
         --questions humaneval,spec-bench
 
 ``--questions`` names prompt sets shipped with specdec (or ``.jsonl`` files; comma-separated): the
