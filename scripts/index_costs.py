@@ -1,6 +1,6 @@
 """What the index of earlier outputs costs: memory and lookup time at its default bound.
 
-Fills an index (``specdec.drafting.memory.NgramMemory``) with the tokens of HumanEval solutions
+Fills an index (``specdec.drafting.suffix_index.NgramMemory``) with the tokens of HumanEval solutions
 and Spec-Bench questions (Qwen2.5-Coder's tokenizer) until it is full, several times over so
 eviction runs and common n-grams have many occurrences, then times the drafter's lookups at
 random points of that text against the model's one-token forward (the cost curve's unit).
@@ -20,7 +20,7 @@ from pathlib import Path
 import specdec
 from specdec.bench.questions import load_questions
 from specdec.cpu import machine_tag
-from specdec.drafting.memory import DEFAULT_CAPACITY, NgramMemory
+from specdec.drafting.suffix_index import DEFAULT_CAPACITY, NgramMemory
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import specdec
-from specdec.drafting.memory import NgramMemory
+from specdec.drafting.suffix_index import NgramMemory
 
 QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared/data/spec_bench/questions.jsonl"
 

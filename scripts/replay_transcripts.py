@@ -102,9 +102,9 @@ def build(spec: str, curve: CostModel, state: dict, reference: Sequence[int]):
     head, _, rest = spec.partition(":")
     settings = dict(p.split("=", 1) for p in rest.split(":") if "=" in p)
     if head in ("ngram", "ngram+memory"):
-        from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
+        from specdec.drafters.ngram import NgramDrafter
         from specdec.drafting.acceptance import AcceptanceTable
-        from specdec.drafting.memory import NgramMemory
+        from specdec.drafting.suffix_index import NgramMemory, ngram_bucket, ngram_prior
         table = state.setdefault("table", AcceptanceTable(ngram_prior, ngram_bucket))
         memory = state.setdefault("memory", NgramMemory()) if head == "ngram+memory" else None
         drafter: Drafter = NgramDrafter(table=table, memory=memory)

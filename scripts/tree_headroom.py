@@ -27,7 +27,8 @@ from specdec.policies.adaptive import AdaptiveK
 from specdec.bench.questions import load_questions
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters import ngram
-from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafting.suffix_index import ngram_bucket, ngram_prior
 from specdec.verify import verify_by_choice, verify_tree_by_choice
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from specdec import files
 from specdec.cache import JsonCache
-from specdec.drafting.memory import NgramMemory
+from specdec.drafting.suffix_index import NgramMemory
 from specdec.errors import SpecdecError
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE and SIGXFSZ are POSIX")

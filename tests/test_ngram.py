@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.drafters.ngram import NgramDrafter, ngram_bucket, ngram_prior
+from specdec.drafters.ngram import NgramDrafter
 from specdec.drafting.acceptance import AcceptanceTable, Hindsight
+from specdec.drafting.suffix_index import ngram_bucket, ngram_prior
 from specdec.errors import SpecdecError
 from specdec.types import Verdict
 
@@ -64,14 +65,14 @@ def test_the_longest_match_beats_a_more_frequent_short_one():
     tokens = [1, 2, 3, 4, 8, 1, 2, 3, 4, 8, 9, 9, 1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2, 3, 4]
     assert propose(tokens, 4) == [5, 6, 7, 9]
     draft = NgramDrafter().propose(tokens, 4)
-    assert [f[0] for f in draft.features] == [6, 7, 8, 9]  # the match grows along the copy
+    assert [f.match for f in draft.features] == [6, 7, 8, 9]  # the match grows along the copy
 
 
 def test_a_draft_past_the_context_s_match_is_believed_less():
     tokens = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4]  # matched 4 tokens back
     draft = NgramDrafter().propose(tokens, 10)
     assert draft.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
-    assert [f[4] for f in draft.features] == [0] * 4 + [1] * 4 + [2] * 2
+    assert [f.beyond for f in draft.features] == [0] * 4 + [1] * 4 + [2] * 2
     assert draft.confidence[3] > draft.confidence[4] > draft.confidence[8]
 
 
@@ -79,7 +80,7 @@ def test_confidence_grows_with_the_length_of_the_match():
     short = NgramDrafter().propose([5, 6, 9, 8, 7, 6], 1)  # matches only "6"
     long = NgramDrafter().propose([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 1)  # matches 6 tokens
     assert short.tokens == long.tokens == [9]
-    assert short.features[0][0] == 1 and long.features[0][0] == 6
+    assert short.features[0].match == 1 and long.features[0].match == 6
     assert long.confidence[0] > short.confidence[0] + 0.2
 
 
@@ -178,7 +179,7 @@ def test_recycle_drafts_where_the_index_has_nothing_and_learns_per_source():
     drafter.next.update({4: [7, 8], 7: [9]})
     draft = drafter.propose([1, 2, 3, 4], 3)  # 4 was never followed by anything: recycled 7, then 9
     assert draft.tokens == [7, 9] and draft.features == [(RECYCLED, (0, 0)), (RECYCLED, (0, 1))]
-    ngram_before = {k: list(v) for k, v in drafter.ngram.table.counts.items()}
+    ngram_before = {k: list(v) for k, v in drafter.ngram_table.counts.items()}
     drafter.observe(draft, Verdict([7, 5], 1, False))  # 7 accepted, 9 rejected
     assert drafter.acceptance.counts == {(0, 0): [1.0, 1.0], (0, 1): [0.0, 1.0]}
-    assert drafter.ngram.table.counts == ngram_before
+    assert drafter.ngram_table.counts == ngram_before

@@ -283,7 +283,7 @@ def test_serve_flags_for_ray_are_checked_before_loading(no_loading, capsys, monk
 
 
 def test_routing_text_and_memory_files(tmp_path):
-    from specdec.drafting.memory import NgramMemory
+    from specdec.drafting.suffix_index import NgramMemory
     from specdec.server.ray_app import memory_start
     from specdec.server.ray_router import PREFIX_CHARS, routing_text
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from specdec.costs import CostModel
-    from specdec.drafting.memory import NgramMemory
+    from specdec.drafting.suffix_index import NgramMemory
     from specdec.pool import BackendPool
     from specdec.text import TextCodec
 

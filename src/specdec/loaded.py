@@ -20,7 +20,7 @@ from specdec.backends.base import Backend, BatchedSequences
 from specdec.context import DraftContext, Learned
 from specdec.costs import CostModel, calibrated
 from specdec.devices import device_tag
-from specdec.drafting.memory import DEFAULT_CAPACITY, NgramMemory
+from specdec.drafting.suffix_index import DEFAULT_CAPACITY, NgramMemory
 from specdec.errors import SpecdecError
 from specdec.load_options import LoadOptions
 from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve

@@ -80,7 +80,7 @@ class ModelDrafter(Drafter):
     def _copies(self, tokens: Sequence[int]) -> bool:
         """Whether the n-gram index has a likely continuation here (the context repeats itself)."""
         self.lookup.sync(tokens)
-        found = self.lookup.continuations([])
+        found = self.lookup.index.continuations([])
         return bool(found) and self.lookup.table.estimate(found[0][1]) >= LOOKUP_MIN
 
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:

@@ -23,7 +23,8 @@ from specdec.context import DraftContext, LearnedSlot
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_chain, best_first_tree
-from specdec.drafters.ngram import NGRAM_ACCEPTANCE, NgramDrafter
+from specdec.drafters.ngram import NGRAM_ACCEPTANCE
+from specdec.drafting.suffix_index import NgramMemory, SuffixIndex, ngram_bucket, ngram_prior
 from specdec.registry import DraftRequest, drafter
 from specdec.topk import topk_indices
 from specdec.types import Draft, Verdict
@@ -37,20 +38,23 @@ class RecycleDrafter(Drafter):
 
     name = "recycle"
 
-    def __init__(self, table: dict[int, list[int]] | None = None, ngram: NgramDrafter | None = None,
-                 acceptance: AcceptanceTable | None = None, width: int = WIDTH, tree: bool = False) -> None:
+    def __init__(self, table: dict[int, list[int]] | None = None, ngram_table: AcceptanceTable | None = None,
+                 memory: NgramMemory | None = None, acceptance: AcceptanceTable | None = None,
+                 width: int = WIDTH, tree: bool = False) -> None:
         self.next = table if table is not None else {}  # token -> the target's top next tokens after it
-        self.ngram = ngram or NgramDrafter()
+        # The index's candidates are estimated as the n-gram drafter's are (on the target, its very table).
+        self.ngram_table = ngram_table or AcceptanceTable(ngram_prior, ngram_bucket)
+        self.index = SuffixIndex(memory=memory, estimate=self.ngram_table.estimate)
         self.acceptance = acceptance or AcceptanceTable(recycled_prior, recycled_bucket)
         self.width = width
         self.tree = tree
 
     def begin(self, prompt, sampler) -> None:
         super().begin(prompt, sampler)
-        self.ngram.begin(prompt, sampler)
+        self.index.begin(prompt)
 
     def close(self) -> None:
-        self.ngram.close()
+        self.index.remember()
 
     def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
         top = topk_indices(logits, self.width).tolist()
@@ -58,7 +62,7 @@ class RecycleDrafter(Drafter):
             self.next[token] = row
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
-        self.ngram.sync(tokens)
+        self.index.sync(tokens)
 
         def expand(path: list[int]) -> list[tuple[int, float, tuple]]:
             return self.expand(path, tokens[-1])
@@ -68,8 +72,8 @@ class RecycleDrafter(Drafter):
     def expand(self, path: list[int], last_context_token: int) -> list[tuple[int, float, tuple]]:
         """Candidates after context + ``path`` from both sources, best estimate first (one per token)."""
         best: dict[int, tuple[float, tuple]] = {}
-        for token, feats in self.ngram.continuations(path, every_level=self.tree):
-            best[token] = (self.ngram.table.estimate(feats), (NGRAM, feats))
+        for token, feats in self.index.continuations(path, every_level=self.tree):
+            best[token] = (self.ngram_table.estimate(feats), (NGRAM, feats))
         last = path[-1] if path else last_context_token
         depth = len(path)
         for rank, token in enumerate(self.next.get(last, ())):
@@ -93,7 +97,7 @@ class RecycleDrafter(Drafter):
 
     def record(self, source: str, feats: tuple, accepted: bool) -> None:
         """One judged candidate of ``source`` (n-gram or recycled), for its acceptance table."""
-        (self.ngram.table if source == NGRAM else self.acceptance).record(feats, accepted)
+        (self.ngram_table if source == NGRAM else self.acceptance).record(feats, accepted)
 
 
 def recycled_bucket(feats: tuple[int, int]) -> tuple[int, int]:
@@ -123,6 +127,5 @@ RECYCLED_ACCEPTANCE: LearnedSlot[AcceptanceTable] = LearnedSlot(
 
 def build_recycle(target: DraftContext, tree: bool = False) -> RecycleDrafter:
     """A recycling drafter on ``target``'s learned tables."""
-    return RecycleDrafter(table=target.text_state(RECYCLED_NEXT),
-                          ngram=NgramDrafter(table=target.state(NGRAM_ACCEPTANCE), memory=target.memory),
-                          acceptance=target.state(RECYCLED_ACCEPTANCE), tree=tree)
+    return RecycleDrafter(table=target.text_state(RECYCLED_NEXT), ngram_table=target.state(NGRAM_ACCEPTANCE),
+                          memory=target.memory, acceptance=target.state(RECYCLED_ACCEPTANCE), tree=tree)

@@ -18,8 +18,8 @@ from specdec.drafters.base import StopDrafting
 from specdec.drafters.base import Drafter
 from specdec.drafting.draft_model import bridged, draft_backend, draft_costs
 from specdec.drafting.draft_tokens import decile
+from specdec.drafting.suffix_index import SuffixIndex
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NgramDrafter
 from specdec.registry import DraftRequest, drafter
 from specdec.sampling import Sampler
 from specdec.types import Draft
@@ -40,11 +40,11 @@ class StagedDrafter(ModelDrafter):
         super().__init__(*args, **kwargs)
         self.tree = False
         self.max_guess = max_guess
-        self.inner = NgramDrafter()
+        self.index = SuffixIndex()  # guesses the draft model's next tokens
 
     def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
         super().begin(prompt, sampler)
-        self.inner = NgramDrafter()
+        self.index = SuffixIndex()
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         k = self._budget(tokens, k)
@@ -75,7 +75,7 @@ class StagedDrafter(ModelDrafter):
             self.cached = tokens + out.tokens[:-1]
             if done:
                 break
-            guess = self.inner.guess(tokens, out.tokens, min(k - len(out.tokens) - 1, self.max_guess))
+            guess = self.index.guess(tokens, out.tokens, min(k - len(out.tokens) - 1, self.max_guess))
             guessed += len(guess)
             rows = list(self.backend.extend([out.tokens[-1], *guess]))
             self.cached += [out.tokens[-1], *guess]
