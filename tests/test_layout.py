@@ -126,6 +126,15 @@ def test_imports_flow_one_way():
     assert not found, report(found)
 
 
+def test_what_drafters_share_imports_no_drafter():
+    """drafting/ sits below drafters/: a drafter may use what it shares, never the other way (the
+    n-gram index once lived in a drafter that drafting/ borrowed it from)."""
+    graph = import_graph()
+    upward = sorted(f"{m} -> {t}" for m in graph if m.startswith("specdec.drafting")
+                    for t in graph[m] if t.startswith("specdec.drafters"))
+    assert not upward, "drafting/ imports drafters/:\n" + "\n".join(upward)
+
+
 # -- dependencies ----------------------------------------------------------------------------------
 # Declared but not imported by specdec, because a library specdec calls needs them at run time.
 NEEDED_BY_OTHERS = {

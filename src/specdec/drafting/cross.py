@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import Drafter, StopDrafting
+from specdec.drafting.drafter import Drafter, StopDrafting
 from specdec.sampling import Sampler
 from specdec.types import Draft, Verdict
 from specdec.vocab import VocabBridge, has_broken_character

@@ -10,8 +10,8 @@ from specdec.backends.base import Backend
 from specdec.context import LearnedSlot
 from specdec.costs import CostModel
 from specdec.drafting.acceptance import AcceptanceTable
+from specdec.drafting.drafter import Drafter
 from specdec.drafting.suffix_index import ngram_bucket, ngram_prior
-from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.registry import DraftRequest
 from specdec.vocab import VocabBridge
