@@ -44,7 +44,7 @@ def test_each_tenant_drafts_from_its_own_index(model, monkeypatch):
     assert loaded.tenant_state(OWN_TEXT)[0] is None  # a request without a key: its own text only
     model.generate(PROMPT, max_new_tokens=12, drafter="ngram", tenant="b")
     assert len(theirs) > 0 and len(mine) == 0 and len(loaded.memory) == 0
-    assert model.drafter("ngram", tenant="a").memory is mine
+    assert model.drafter("ngram", tenant="a").index.memory is mine
     monkeypatch.setattr("specdec.loaded.MAX_TENANTS", 2)
     loaded.tenant_state("c")  # a third tenant: the least recently seen ("b") is forgotten
     assert loaded.tenant_state("a")[0] is mine and loaded.tenant_state("b")[0] is not theirs
