@@ -252,7 +252,7 @@ def expected_speedup(target: dict[int, float], draft: dict[int, float], acceptan
         by_k[k] = tokens * curve.forward(1) / (k * draft[1] + curve.forward(k + 1))
     best = max(by_k, key=by_k.get)
     policy = AdaptiveK(curve)
-    chosen, gain = policy._plan(draft[1], acceptance)
+    chosen, gain = policy.plan.best(draft[1], acceptance, curve.step)
     return {"acceptance": acceptance, "best_k": best, "best_speedup": round(by_k[best], 3),
             "policy_k": chosen, "policy_speedup": round(by_k.get(chosen, 1.0), 3),
             "speedup_by_k": {k: round(v, 3) for k, v in by_k.items() if k <= 16 or k % 8 == 0}}

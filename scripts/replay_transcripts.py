@@ -117,7 +117,20 @@ def build(spec: str, curve: CostModel, state: dict, reference: Sequence[int]):
         raise SystemExit(f"unknown method {spec!r}: ngram, ngram+memory, arctic-suffix, oracle")
     if "cut" in settings:
         return HindsightCut(drafter, reference), FixedK(int(settings["cut"]))
-    return drafter, FixedK(int(settings["k"])) if "k" in settings else AdaptiveK(curve)
+    if "k" in settings:
+        return drafter, FixedK(int(settings["k"]))
+    # Any other setting names a number of the adaptive policy's Tuning: an ablation
+    # (e.g. ngram:calibration_prior=0 replays without the per-generation calibration).
+    from dataclasses import fields, replace
+
+    from specdec.policies.adaptive import Tuning
+    known = {f.name: type(getattr(Tuning(), f.name)) for f in fields(Tuning)}
+    unknown = [key for key in settings if key not in known]
+    if unknown:
+        raise SystemExit(f"unknown setting {', '.join(unknown)} of {spec!r}: k, cut or a Tuning field "
+                         f"({', '.join(known)})")
+    tuning = replace(Tuning(), **{key: known[key](value) for key, value in settings.items()})
+    return drafter, AdaptiveK(curve, tuning=tuning)
 
 
 def replay(turns: list[dict], spec: str, curve: CostModel, vocab_size: int, overhead: float = OVERHEAD_S) -> Tally:

@@ -42,6 +42,9 @@ FOLDERS: dict[str, tuple[str, str, str]] = {
                         "candidates cut in hindsight (scripts/replay_transcripts.py)", TUNING, "Benchmarks"),
     "replay-repair": ("the repair loop's recorded answers replayed, the window rule before and after",
                       TUNING, "Benchmarks"),
+    "policy-ablation": ("the adaptive policy's parts switched off one at a time in replays of recorded answers, "
+                        "before and after its simplification (run.sh, the ablated policy in intermediate/)", TUNING,
+                        "Drafters"),
     "heldout-inputs": ("the held-out prompts themselves (HumanEval problems 16-30, Spec-Bench's 3rd and 4th "
                        "two-turn questions), not results", HELDOUT, "Benchmarks"),
     "qwen-kernels-gen2": ("an exact forward of k rows against llama.cpp's fast kernels and the patch's first "

@@ -11,6 +11,7 @@ from specdec.backends.toy import ToyLM
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.errors import SpecdecError
 from specdec.policies.adaptive import AdaptiveK
+from specdec.policies.adaptive_parts import Tuning
 from specdec.policies.fixed import FixedK
 from specdec.types import Draft
 
@@ -33,85 +34,32 @@ def test_unsure_drafts_are_not_verified_when_verification_is_expensive():
     assert AdaptiveK(STEEP).choose(draft([0.5, 0.5, 0.5])) == 0
 
 
-def grown(policy: AdaptiveK) -> AdaptiveK:
-    """``policy`` after a draft of 4 tokens accepted whole (its window is then 9 tokens: 10 rows)."""
-    policy.observe(4, 4, 0.0)
-    return policy
-
-
 def test_sure_drafts_are_verified_whole():
-    assert grown(AdaptiveK(STEEP)).choose(draft([0.99] * 7)) == 7
-    assert grown(AdaptiveK(FLAT)).choose(draft([0.9] * 7)) == 7
-
-
-def test_a_generations_window_starts_short_and_grows_with_whole_acceptances():
-    """A generation's first drafts are at most START_WINDOW tokens; each draft accepted whole
-    doubles the rows verified (4, 8, 16, 32 rows) up to K tokens, a rejection brings it back to
-    what was accepted plus one."""
-    from specdec.policies.adaptive import START_WINDOW
-
-    policy = AdaptiveK(FLAT, k=32)
-    policy.begin(_Target())
-    sure = draft([0.99] * 32)
-    assert policy.max_k() == policy.choose(sure) == START_WINDOW
-    for expected in (7, 15, 31, 32):
-        policy.observe(policy.choose(sure), policy.choose(sure), 0.0)
-        assert policy.choose(sure) == expected
-    policy.observe(32, 9, 0.0)  # rejected at the tenth token
-    assert policy.choose(sure) == 10
-    policy.observe(10, 0, 0.0)
-    assert policy.choose(sure) == START_WINDOW
-    policy.begin(_Target())
-    assert policy.choose(sure) == START_WINDOW
+    assert AdaptiveK(STEEP).choose(draft([0.99] * 7)) == 7
+    assert AdaptiveK(FLAT).choose(draft([0.9] * 7)) == 7
 
 
 # This machine's exact llama.cpp curve (1.5B Q4_K_M, 2-core EPYC), in one-row forwards: 6 rows are
-# a dip (0.48 a row) that 16 and 32 rows beat (0.47, 0.44), past a window of 11.
+# a dip (0.48 a row) that 16 and 32 rows beat (0.47, 0.44).
 DIP = CostModel({1: 1.0, 2: 1.43, 3: 1.84, 4: 2.29, 5: 2.71, 6: 2.87, 7: 3.46, 8: 3.87, 9: 4.96, 10: 5.1,
                  11: 5.38, 12: 6.09, 13: 6.54, 14: 6.81, 15: 7.12, 16: 7.47, 24: 11.55, 32: 14.1, 48: 24.5,
                  64: 30.1})
 
 
-def test_a_copy_held_short_by_a_dip_in_the_curve_still_earns_long_drafts():
-    """Sure drafts that the curve cut at its dip (5 tokens: 6 rows, though the window allows 11)
-    earn the window's doubling when kept whole, so a long copy reaches the 32 rows that verify a
-    token cheapest, instead of 5 tokens a step for ever (as it did before: 3, 5, 5, 5, ...)."""
+def test_a_sure_copy_is_verified_at_the_size_that_verifies_a_token_cheapest():
+    """From its first draft, past the curve's dip at 6 rows: no window holds a copy short while it
+    earns its length (replays showed the window bought nothing; docs/drafters.md)."""
     policy = AdaptiveK(DIP, k=63)
     policy.begin(_Target())
-    sure = draft([0.995] * 63)
-    chosen = []
-    for _ in range(6):
-        n = policy.choose(sure)
-        chosen.append(n)
-        policy.observe(n, n, 0.0)
-    assert chosen == [3, 5, 15, 31, 31, 31]  # 5: the dip, inside a window of 7
+    assert policy.max_k() == 63
+    assert policy.choose(draft([0.995] * 63)) == 31
 
 
-def test_drafts_cut_by_their_odds_grow_the_window_from_what_was_verified():
-    """A prose draft whose odds fall fast (the odds, not the curve, cut it) earns only twice what
-    was verified, even where the curve has a dip."""
+def test_a_fading_draft_is_verified_only_as_far_as_it_is_likely():
     policy = AdaptiveK(DIP, k=63)
     policy.begin(_Target())
     fading = draft([0.9, 0.8, 0.5, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
-    chosen = []
-    for _ in range(4):
-        n = policy.choose(fading)
-        chosen.append(n)
-        policy.observe(n, n, 0.0)
-    assert 0 < min(chosen) and max(chosen) < 5
-    assert policy.window == 2 * (max(chosen) + 1) - 1
-
-
-def test_the_window_grows_from_what_was_verified_not_from_the_window():
-    """Short drafts accepted whole (the curve cut them to 3 tokens: 4 rows) earn 7-token drafts (8
-    rows), not the 15, 31 that doubling the window on every success would allow."""
-    policy = AdaptiveK(FLAT, k=32)
-    policy.begin(_Target())
-    for _ in range(3):
-        policy.observe(3, 3, 0.0)
-    assert policy.choose(draft([0.99] * 32)) == 7
-    policy.observe(2, 2, 0.0)  # a success shorter than half the window never shrinks it
-    assert policy.choose(draft([0.99] * 32)) == 7
+    assert 0 < policy.choose(fading) < 5
 
 
 def test_the_best_prefix_stops_before_a_weak_token():
@@ -119,7 +67,7 @@ def test_the_best_prefix_stops_before_a_weak_token():
 
 
 def test_drafts_without_confidence_use_the_running_acceptance():
-    policy = AdaptiveK(STEEP, prior_acceptance=0.9)
+    policy = AdaptiveK(STEEP, tuning=Tuning(prior_acceptance=0.9))
     assert policy.choose(Draft([1, 2, 3])) == 3
     for _ in range(60):
         policy.observe(3, 0, 0.0)  # everything rejected
@@ -132,6 +80,12 @@ class _Target:
         return curve
 
 
+def trust(policy: AdaptiveK) -> float:
+    """The generation's odds factor on its drafter's confidence (1: at face value)."""
+    p = policy.calibration.scaled([0.5])[0]
+    return p / (1 - p)
+
+
 def test_a_generation_whose_drafts_fail_trusts_its_drafters_confidence_less():
     """Per generation, in odds: drafts judged at 0.75 confidence that mostly fail make the next
     0.75-confidence draft not worth verifying, while a near-certain copy still is; a new
@@ -139,20 +93,25 @@ def test_a_generation_whose_drafts_fail_trusts_its_drafters_confidence_less():
     policy = AdaptiveK(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 8: 3.0}))
     policy.begin(_Target())
     unsure, sure = draft([0.75]), draft([0.995, 0.995])
-    assert policy.choose(unsure) == 1 and policy.calibration() == 1.0
+    assert policy.choose(unsure) == 1 and trust(policy) == 1.0
     failures = 0
     while policy.choose(draft([0.75])) == 1:
         policy.observe(1, 0, 0.0)  # rejected
         failures += 1
-        assert failures < 5, "kept verifying unsure drafts that all failed"
-    assert failures >= 1 and policy.calibration() < 0.5
+        assert failures < 8, "kept verifying unsure drafts that all failed"
+    assert failures >= 1 and trust(policy) < 0.5
     assert policy.choose(sure) == 2
-    before = policy.calibration()
+    before = trust(policy)
     for _ in range(40):
         policy.choose(unsure)  # declined: trust returns a little each time
-    assert before < policy.calibration() < 1.0
+    assert before < trust(policy) < 1.0
     policy.begin(_Target())
-    assert policy.calibration() == 1.0 and policy.choose(unsure) == 1
+    assert trust(policy) == 1.0 and policy.choose(unsure) == 1
+    off = AdaptiveK(CostModel({1: 1.0, 2: 1.3, 3: 1.6, 8: 3.0}), tuning=Tuning(calibration_prior=0))
+    for _ in range(5):
+        off.choose(unsure)
+        off.observe(1, 0, 0.0)
+    assert trust(off) == 1.0  # calibration off: face value whatever happens
 
 
 def test_k_must_be_positive():
@@ -324,31 +283,31 @@ def test_a_draft_model_is_not_run_where_no_draft_length_pays():
     ~0.5 on top, a drafted token costs about a plain step. Even if every token were accepted,
     drafting would gain 3%: the draft model is never asked for anything (not even its prompt)."""
     policy = AdaptiveK(CPU)
-    policy.priced_acceptance = 0.98
+    policy.plan.acceptance = 0.98
     policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
     assert [policy.max_k() for _ in range(48)] == [0] * 48
 
 
 def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
     policy = AdaptiveK(CPU)
-    policy.priced_acceptance = 0.9
+    policy.plan.acceptance = 0.9
     policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
     planned = policy.max_k()
     assert 2 <= planned < policy.k
-    free = AdaptiveK(CPU, prior_acceptance=0.9)
+    free = AdaptiveK(CPU, tuning=Tuning(prior_acceptance=0.9))
     free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
-    assert free.max_k() == free.window  # free tokens: draft up to the window (K once grown), verify what pays
+    assert free.max_k() == free.k  # free tokens: draft up to K, verify what pays
     # Acceptance fell: shorter drafts; then none, with a one-token try now and then.
     for _ in range(40):
         policy.observe(planned, 0, 0.0)
-    assert policy.priced_acceptance < 0.2
+    assert policy.plan.acceptance < 0.2
     tries = [policy.max_k() for _ in range(32)]  # at 100% acceptance it would pay: tried now and then
     assert set(tries) == {0, 1} and tries.count(1) == 2
 
 
 def test_drafting_stops_when_one_more_token_would_lower_the_rate():
     def policy_at(cost: float) -> AdaptiveK:
-        policy = AdaptiveK(CPU, prior_acceptance=0.95)
+        policy = AdaptiveK(CPU, tuning=Tuning(prior_acceptance=0.95))
         policy.begin(ToyLM(8, 2).backend(), PricedDrafter(cost))
         policy.max_k()  # the step starts: the drafter prices its tokens
         return policy

@@ -1,0 +1,105 @@
+"""The adaptive draft length: verify the draft prefix with the best expected tokens per second on
+the measured cost curve (dynamic speculation lookahead's myopic rule, Mamou et al. 2024; Sequoia's
+sizing for trees), a generation's :class:`Calibration` of its drafter's confidence, and a
+:class:`Plan` for drafters whose tokens cost forwards; what each buys: docs/drafters.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from specdec.costs import CostModel
+from specdec.errors import SpecdecError
+from specdec.policies.adaptive_parts import Calibration, Plan, Tuning, Window
+from specdec.policies.base import DraftPolicy
+from specdec.registry import PolicyRequest, policy
+from specdec.tree import chain, path_probabilities
+from specdec.types import Draft
+
+DEFAULT_K = 63  # the cost curve is calibrated to 64 rows
+
+
+class AdaptiveK(DraftPolicy):
+    """Verify the draft prefix with the best expected tokens per second: with per-token acceptance
+    a_1..a_k (calibrated ``Draft.confidence``, or the running rate), i tokens yield 1 + sum_j
+    prod_{l<=j} a_l tokens for ``costs.step(i + 1)`` seconds (or the draft's ``verify_cost``); a
+    tree's best-first nodes use path probabilities. Timed forwards refine the curve."""
+
+    def __init__(self, costs: CostModel, k: int = DEFAULT_K, tuning: Tuning | None = None) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise SpecdecError(f"the number of draft tokens must be a whole number >= 1, got {k}")
+        self.tuning = tuning or Tuning()
+        self.curve = self.costs = costs  # the model's curve; what this generation's forwards cost
+        self.k = k
+        self.acceptance = self.tuning.prior_acceptance
+        self.plan = Plan(self.tuning, k)
+        self.calibration = Calibration(self.tuning)
+        self.window = Window(self.tuning, k)
+        self.drafter = None
+        self._last: int | None = None  # rows of the previous forward (None: after the prefill)
+        self._step_cost = 0.0  # seconds a token of this step's draft costs
+
+    def begin(self, target, drafter=None) -> None:
+        self.costs, self.drafter = target.forward_costs(self.curve), drafter
+        self.calibration, self.plan.declined = Calibration(self.tuning), 0
+        self.window = Window(self.tuning, self.k)
+
+    def max_k(self, tokens: Sequence[int] = ()) -> int:
+        """K, or a priced drafter's planned length (0: none pays)."""
+        d = self._step_cost = self.drafter.token_cost(tokens) if self.drafter is not None else 0.0
+        return min(self.plan.length(d, self.costs.step), self.window.size) if d > 0 else self.window.size
+
+    def choose(self, draft: Draft, context: int = 0) -> int:
+        """Leading draft nodes to verify (0: a plain step pays best)."""
+        confidence = self.calibration.scaled(draft.confidence) if draft.confidence else [self.acceptance] * len(draft)
+        parents = draft.parents if draft.parents is not None else chain(len(draft))
+        cost = self._cost(draft)
+        best_i, best_rate, expected = 0, (1 + self.tuning.min_gain) / cost(0), 1.0
+        survival = path_probabilities(parents, confidence)
+        for i, survive in enumerate(survival[:self.window.size], start=1):
+            expected += survive
+            if expected / cost(i) > best_rate:
+                best_i, best_rate = i, expected / cost(i)
+        self.window.chose(best_i, survival, draft.parents is None)
+        self.calibration.chose(draft, best_i)
+        return best_i
+
+    def _cost(self, draft: Draft) -> Callable[[int], float]:
+        """Seconds of a step verifying i nodes, a draft model's forwards included (spent anyway)."""
+        if draft.verify_cost is not None:
+            return lambda i: draft.verify_cost(i) * self.costs.forward(1)
+        spent = draft.forwards * self._step_cost
+        return lambda i: spent + self.costs.step(i + 1)
+
+    def stop_drafting(self, confidence: list[float]) -> bool:
+        """Threshold drafting: stop once the draft is unlikely to survive, or once one more paid
+        token (as likely as the last) would lower the expected rate."""
+        survival = 1.0
+        for a in confidence:
+            survival *= a
+        if survival < self.tuning.min_survival:
+            return True
+        d, n = self._step_cost, len(confidence)
+        if d <= 0 or not n:
+            return False
+        expected = 1.0 + sum(path_probabilities(chain(n), confidence))
+        now = expected / (n * d + self.costs.step(n + 1))
+        return (expected + survival * confidence[-1]) / ((n + 1) * d + self.costs.step(n + 2)) <= now
+
+    def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
+        # The first one-row forward after the prefill pays a shape change no draft caused.
+        if seconds > 0 and not (self._last is None and drafted == 0):
+            self.costs.observe(drafted + 1, seconds, after=self._last)
+        self._last = drafted + 1 if seconds > 0 else None
+        if drafted:
+            judged = accepted + (accepted < drafted)  # the accepted ones and the first rejected one
+            self.acceptance += self.tuning.rate * (accepted / judged - self.acceptance)
+            self.window.observe(drafted, accepted)
+            self.calibration.observe(accepted, judged)
+            if self._step_cost > 0:
+                self.plan.acceptance += self.tuning.rate * (accepted / judged - self.plan.acceptance)
+
+
+@policy("adaptive", "verify only the draft prefix that pays on this machine's measured cost curve, "
+                    f"at most K tokens (default K: {DEFAULT_K})", order=10)
+def _build_adaptive(request: PolicyRequest) -> AdaptiveK:
+    return AdaptiveK(request.costs(), DEFAULT_K if request.num_draft is None else request.num_draft)
