@@ -225,3 +225,79 @@ def test_options_are_frozen_and_compare_by_value():
     assert a.with_(temperature=0.0).greedy and not a.greedy
     with pytest.raises(SpecdecError, match="unknown option 'temprature'"):
         GenerationOptions.of({"temprature": 1})
+
+
+# -- one declaration, every front end and every configuration type ------------------------------------
+@pytest.fixture()
+def budget_option():
+    """A generation option no drafter owns (``probe_budget``), declared for one test in one place,
+    the way a drafting feature declares one, and forgotten after."""
+    options.register([Option("probe_budget", int, 5, "test option: how much to probe", at_least(1), metavar="N")])
+    yield "probe_budget"
+    options.unregister(names=["probe_budget"])
+    assert "probe_budget" not in {o.name for o in options.all_options()}
+
+
+def test_an_option_declared_once_is_a_flag_a_keyword_and_a_body_field(budget_option, tiny, tiny_model_dir, capsys):
+    from fastapi.testclient import TestClient
+
+    from specdec.server.app import ServeConfig, Server
+    from specdec.server.schemas import CompletionRequest, with_specdec_fields
+
+    # The CLI: a flag of `specdec generate`, parsed into the options.
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--probe-budget N" in capsys.readouterr().out
+    args = build_parser().parse_args(["generate", PROMPT, "--probe-budget", "3"])
+    assert option_forms.from_args(args)["probe_budget"] == 3
+    # The Python API: a keyword of Model.generate that reaches the run's GenerationOptions.
+    run = tiny.start(PROMPT, max_new_tokens=2, probe_budget=4)
+    run.close()
+    assert run.options["probe_budget"] == 4 and run.options.to_dict()["probe_budget"] == 4
+    # The server: a field of the request body, over the server's default.
+    body_type = with_specdec_fields(CompletionRequest)
+    assert "probe_budget" in body_type.model_fields
+    server = Server(tiny, config=ServeConfig(max_tokens=4))
+    request = body_type.model_validate({"model": tiny.name, "prompt": PROMPT, "probe_budget": 6})
+    assert server.options(request, None)["probe_budget"] == 6
+    # A bad value reads the same in all three.
+    expected = _message(dict(probe_budget=0))
+    assert expected == "probe_budget must be >= 1, got 0"
+    with pytest.raises(SpecdecError) as api:
+        tiny.generate(PROMPT, probe_budget=0)
+    assert str(api.value) == expected
+    assert main(["generate", PROMPT, "--model", str(tiny_model_dir), "--probe-budget", "0"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {expected}"
+    with TestClient(server.app()) as http:
+        wrong = http.post("/v1/completions", json={"model": tiny.name, "prompt": PROMPT, "probe_budget": 0})
+    assert wrong.status_code == 400
+    assert (wrong.json()["error"]["message"], wrong.json()["error"]["param"]) == (expected, "probe_budget")
+
+
+def test_the_configuration_types_are_derived_from_the_declarations():
+    from dataclasses import fields
+
+    from specdec.engine import DecodeConfig
+    from specdec.load_options import LOAD, SERVE, LoadOptions, ServeOptions
+    from specdec.sampling import SamplingParams
+    from specdec.server.settings import ServeConfig
+
+    # The load and serve options' fields are their specs, the server's config is the serve options and more.
+    assert [f.name for f in fields(LoadOptions)] == [o.name for o in LOAD]
+    assert LoadOptions() == LoadOptions(**{o.name: o.default for o in LOAD})
+    assert ServeConfig() == ServeConfig(**{o.name: o.default for o in SERVE})
+    assert {f.name for f in fields(ServeOptions)} <= {f.name for f in fields(ServeConfig)}
+    # The engine's types hold the generation options' defaults and refuse a value with their message.
+    defaults = GenerationOptions()
+    assert DecodeConfig.of(defaults) == DecodeConfig()
+    assert (DecodeConfig().max_new_tokens, DecodeConfig().verify) == (defaults.max_new_tokens, defaults.verify)
+    assert SamplingParams() == DecodeConfig.of(defaults).sampling
+    for values, engine_type in ((dict(max_new_tokens=0), DecodeConfig), (dict(verify="strict"), DecodeConfig),
+                                (dict(top_p=0.0), SamplingParams), (dict(seed=-1), SamplingParams)):
+        with pytest.raises(SpecdecError) as raised:
+            engine_type(**values)
+        assert str(raised.value) == _message(values)
+    # The server's body names max_new_tokens as OpenAI does, with the same check.
+    assert option_forms.body_name("max_new_tokens") == "max_tokens"
+    with pytest.raises(SpecdecError, match=r"^max_tokens must be >= 1, got 0$"):
+        option_forms.from_body({}, GenerationOptions(max_new_tokens=0))

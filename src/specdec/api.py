@@ -193,8 +193,7 @@ class Model:
         codec, pool = self.loaded.codec, self.loaded.pool
         stops = StopStrings(list(opts.stop), codec)
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
-        config = DecodeConfig(opts.max_new_tokens, opts.sampling, self.eos_token_ids, stops.hit if stops else None,
-                              opts.verify, trace)
+        config = DecodeConfig.of(opts, self.eos_token_ids, stops.hit if stops else None, record=trace)
         made = drafter_obj or self.drafter(opts.drafter, draft_model, opts, tenant=tenant)
         try:
             chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.name != "none" else FixedK(1)

@@ -17,6 +17,7 @@ from specdec import tree as trees
 from specdec.backends.base import Backend
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.errors import SpecdecError
+from specdec.options import GenerationOptions, check_fields, copy_into, same_as
 from specdec.policies.base import DraftPolicy
 from specdec.policies.fixed import FixedK
 from specdec.sampling import Sampler, SamplingParams, VerifyMode
@@ -31,23 +32,31 @@ FinishReason = Literal["length", "eos", "stop"]
 class DecodeConfig:
     """Everything that decides *which* tokens come out (drafting only decides how fast).
 
+    ``max_new_tokens``, ``sampling`` and ``verify`` are the generation options'
+    (:class:`~specdec.options.GenerationOptions` declares their defaults and checks once; a bad
+    value reads as it does in every front end); :meth:`of` builds a config from validated options.
     ``verify`` chooses how sampled drafts are checked (see :mod:`specdec.verify`): ``coupled``
     reproduces plain decoding's text for a seed whatever the drafter; both are lossless.
     """
 
-    max_new_tokens: int = 64
+    max_new_tokens: int = same_as("max_new_tokens")
     sampling: SamplingParams = SamplingParams()
     eos_token_ids: frozenset[int] = frozenset()
     # Called with the new tokens so far; True ends generation (stop strings live in the API layer,
     # which owns the tokenizer).
     stop: Callable[[list[int]], bool] | None = None
-    verify: VerifyMode = "coupled"
+    verify: VerifyMode = same_as("verify")
     record: bool = False  # fill the steps' probabilities (p, q, min(1, p/q)) for a trace
 
     def __post_init__(self) -> None:
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise SpecdecError(f"max new tokens must be a whole number >= 1, got {n}")
+        check_fields(self)  # the engine's own callers build configs by hand
+
+    @classmethod
+    def of(cls, options: GenerationOptions, eos_token_ids: frozenset[int] = frozenset(),
+           stop: Callable[[list[int]], bool] | None = None, record: bool = False) -> DecodeConfig:
+        """The config of a generation with (validated) ``options``."""
+        return copy_into(cls, options, sampling=copy_into(SamplingParams, options), eos_token_ids=eos_token_ids,
+                         stop=stop, record=record)
 
 
 @dataclass

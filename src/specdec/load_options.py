@@ -1,9 +1,10 @@
 """What a model is loaded with, and what a server is set up with: declared once, as generation
 options are (:mod:`specdec.options`).
 
-:data:`LOAD` (backend, dtype, exact kernels, CUDA graphs, device, threads, context) and :data:`SERVE` (slots,
-max tokens, batching, whether clients share the index of earlier outputs) are :class:`~specdec.options.Option` specs; :class:`LoadOptions` and
-:class:`ServeOptions` hold their validated values. :func:`specdec.load`, every command's flags
+Each field of :class:`LoadOptions` (backend, dtype, exact kernels, CUDA graphs, device, threads,
+context) and :class:`ServeOptions` (slots, max tokens, batching, whether clients share the index of
+earlier outputs) declares its option; :data:`LOAD` and :data:`SERVE` are the
+:class:`~specdec.options.Option` specs read from them. :func:`specdec.load`, every command's flags
 (:mod:`specdec.option_forms`), the server's settings and a Ray Serve config file's ``args``
 (:mod:`specdec.server.settings`) all read them from here, so a default or a check is written once
 and a mistake reads the same everywhere. Which backends offer which dtypes and devices is the
@@ -13,12 +14,12 @@ one place that decides whether a drafter needs a draft model and which one it ge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 from specdec.errors import OptionError, SpecdecError
-from specdec.options import Option, at_least
+from specdec.options import Option, Spell, at_least, check_fields, core, declare, options_of
 
 DEFAULT_BACKEND = "transformers"
 
@@ -41,74 +42,31 @@ def _device_form(device: str) -> str | None:
     return form_problem(device)
 
 
-LOAD: tuple[Option, ...] = (
-    Option("backend", str, DEFAULT_BACKEND, "what runs the model", choices=_backends, scope="load"),
-    Option("dtype", str, "float32", "the weights' dtype (on the backends that offer several)", choices=_dtypes,
-           scope="load"),
-    Option("exact", bool, None, "batch-invariant kernels, so speculative output equals plain decoding's token for "
-                                "token even at near-ties (llama.cpp: on by default where its build allows it; "
-                                "--no-exact runs its fastest kernels)", nullable=True, scope="load"),
-    Option("graphs", bool, None, "on a GPU, a static KV cache and every decoding forward replayed from a captured CUDA "
-                                 "graph, its kernels compiled (default: on with --device cuda; --no-graphs runs eager "
-                                 "PyTorch; on a CPU the static cache without capture)", nullable=True, scope="load"),
-    Option("device", str, "cpu", "where the model runs: cpu, cuda, cuda:N (a GPU, on the transformers backend) or "
-                                 "auto (the first GPU if there is one)", _device_form, metavar="DEVICE", scope="load"),
-    Option("threads", int, None, "CPU threads a forward uses (default: every core)", at_least(1), nullable=True,
-           metavar="N", scope="load"),
-    Option("context", int, None, "KV cache tokens per sequence, prompt and answer (default: the model's "
-                                 "training context, at most 8192 on llama.cpp)", at_least(16), nullable=True,
-           metavar="N", scope="load"),
-)
-
-SERVE: tuple[Option, ...] = (
-    Option("slots", int, 4, "generations in progress at once, each with its own KV cache; more wait in line",
-           at_least(1), metavar="N", scope="serve"),
-    Option("max_tokens", int, 256, "new tokens for a request that gives no max_tokens", at_least(1), metavar="N",
-           scope="serve"),
-    Option("batch", bool, None, "continuous batching: the running generations' steps go into one forward (default: "
-                                "on where the backend can, llama.cpp; with exact kernels no answer changes)",
-           nullable=True, scope="serve"),
-    Option("shared_index", bool, False, "let every client draft from every other client's outputs (the --memory "
-                                        "index, SuffixDecoding's global tree); by default each API key has its own "
-                                        "and a request without a key only its own text, since how fast an answer "
-                                        "comes tells whether someone else wrote the same text", scope="serve"),
-    Option("index_tokens", int, 200_000, "tokens of earlier outputs each index keeps for the n-gram drafters to "
-                                         "copy (one per API key, or one with --shared-index; the oldest output goes "
-                                         "first; about 100 bytes a token; 0: no index of earlier outputs)",
-           at_least(0), metavar="N", scope="serve"),
-)
-
-Spell = Callable[[str], str]  # a setting as a front end names it (--max-tokens, max_tokens)
-
-
-def _spec(specs: tuple[Option, ...], name: str) -> Option:
-    return next(o for o in specs if o.name == name)
-
-
-def _checked(specs: tuple[Option, ...], values: Mapping[str, Any], spell: Spell) -> None:
-    for option in specs:
-        wrong = option.problem(values[option.name])
-        if wrong:
-            raise OptionError(wrong.replace(option.name, spell(option.name), 1), option.name)
-
-
 @dataclass(frozen=True)
 class LoadOptions:
-    """How a model is loaded (:data:`LOAD`); the defaults are the specs'."""
+    """How a model is loaded; each field declares its option (default, check, help, flag)."""
 
-    backend: str = _spec(LOAD, "backend").default
-    dtype: str = _spec(LOAD, "dtype").default
-    exact: bool | None = _spec(LOAD, "exact").default
-    graphs: bool | None = _spec(LOAD, "graphs").default
-    device: str = _spec(LOAD, "device").default
-    threads: int | None = _spec(LOAD, "threads").default
-    context: int | None = _spec(LOAD, "context").default
+    SCOPE: ClassVar[str] = "load"
+
+    backend: str = declare(DEFAULT_BACKEND, "what runs the model", choices=_backends)
+    dtype: str = declare("float32", "the weights' dtype (on the backends that offer several)", choices=_dtypes)
+    exact: bool | None = declare(None, "batch-invariant kernels, so speculative output equals plain decoding's token "
+                                       "for token even at near-ties (llama.cpp: on by default where its build allows "
+                                       "it; --no-exact runs its fastest kernels)")
+    graphs: bool | None = declare(None, "on a GPU, a static KV cache and every decoding forward replayed from a "
+                                        "captured CUDA graph, its kernels compiled (default: on with --device cuda; "
+                                        "--no-graphs runs eager PyTorch; on a CPU the static cache without capture)")
+    device: str = declare("cpu", "where the model runs: cpu, cuda, cuda:N (a GPU, on the transformers backend) or "
+                                 "auto (the first GPU if there is one)", _device_form, metavar="DEVICE")
+    threads: int | None = declare(None, "CPU threads a forward uses (default: every core)", at_least(1), metavar="N")
+    context: int | None = declare(None, "KV cache tokens per sequence, prompt and answer (default: the model's "
+                                        "training context, at most 8192 on llama.cpp)", at_least(16), metavar="N")
 
     @classmethod
     def of(cls, values: Mapping[str, Any] | None = None, spell: Spell = str) -> LoadOptions:
         """From ``values`` by name (None: the default); unknown names are refused. Not validated."""
         values = {k: v for k, v in dict(values or {}).items() if v is not None}
-        names = [f.name for f in fields(cls)]
+        names = [o.name for o in LOAD]
         for name in values:
             if name not in names:
                 raise SpecdecError(f"unknown load option {spell(name)!r}: use one of "
@@ -116,11 +74,11 @@ class LoadOptions:
         return cls(**values)
 
     def validate(self, spell: Spell = str) -> LoadOptions:
-        """Each value against its spec, then what the chosen backend offers; ``self`` when all is fine."""
+        """Each value against its option, then what the chosen backend offers; ``self`` when all is fine."""
         from specdec import devices
         from specdec.registry import BACKENDS
 
-        _checked(LOAD, asdict(self), spell)
+        check_fields(self, spell)
         entry = BACKENDS.get(self.backend)
         if self.dtype not in entry.dtypes:
             raise OptionError(f"{spell('dtype')} {self.dtype} is not available on the {self.backend} backend: use "
@@ -141,17 +99,37 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How a server is set up (:data:`SERVE`); the defaults are the specs'."""
+    """How a server is set up; each field declares its option (default, check, help, flag).
+    :class:`specdec.server.settings.ServeConfig` is these and what a server is given besides."""
 
-    slots: int = _spec(SERVE, "slots").default
-    max_tokens: int = _spec(SERVE, "max_tokens").default
-    batch: bool | None = _spec(SERVE, "batch").default
-    shared_index: bool = _spec(SERVE, "shared_index").default
-    index_tokens: int = _spec(SERVE, "index_tokens").default
+    SCOPE: ClassVar[str] = "serve"
+
+    slots: int = declare(4, "generations in progress at once, each with its own KV cache; more wait in line",
+                         at_least(1), metavar="N")
+    # The max_new_tokens of requests that do not say (OpenAI's max_tokens, hence its name): what
+    # max_new_tokens accepts, it accepts.
+    max_tokens: int = declare(256, "new tokens for a request that gives no max_tokens", core("max_new_tokens").check,
+                              metavar="N")
+    batch: bool | None = declare(None, "continuous batching: the running generations' steps go into one forward "
+                                       "(default: on where the backend can, llama.cpp; with exact kernels no answer "
+                                       "changes)")
+    shared_index: bool = declare(False, "let every client draft from every other client's outputs (the --memory "
+                                        "index, SuffixDecoding's global tree); by default each API key has its own "
+                                        "and a request without a key only its own text, since how fast an answer "
+                                        "comes tells whether someone else wrote the same text")
+    index_tokens: int = declare(200_000, "tokens of earlier outputs each index keeps for the n-gram drafters to "
+                                         "copy (one per API key, or one with --shared-index; the oldest output "
+                                         "goes first; about 100 bytes a token; 0: no index of earlier outputs)",
+                                at_least(0), metavar="N")
 
     def validate(self, spell: Spell = str) -> ServeOptions:
-        _checked(SERVE, asdict(self), spell)
+        """Each value against its option; ``self`` when all is fine."""
+        check_fields(self, spell)
         return self
+
+
+LOAD: tuple[Option, ...] = options_of(LoadOptions)
+SERVE: tuple[Option, ...] = options_of(ServeOptions)
 
 
 def draft_model_for(drafter: str, given: str | None, target: str | None, spell: Spell = str) -> str | None:

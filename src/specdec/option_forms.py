@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdec.errors import SpecdecError
-from specdec.options import TYPE_NAMES, GenerationOptions, Option, all_options, generation_options
+from specdec.options import TYPE_NAMES, GenerationOptions, Option, all_options, flag, generation_options
+
+# The request body's names that are not specdec's (OpenAI's max_tokens is max_new_tokens): mapped
+# here, at the server's edge, and nowhere inside.
+BODY_NAMES = {"max_new_tokens": "max_tokens"}
+
+__all__ = ["BODY_NAMES", "add_arguments", "add_spec_arguments", "body_name", "flag", "from_args", "from_body",
+           "from_spec", "server_fields", "spec_values"]
 
 
 def add_arguments(parser, scopes: tuple[str, ...] = ("generation", "model"), skip: tuple[str, ...] = (),
@@ -58,9 +65,7 @@ def _arg_type(opt: Option):
 
 
 def _choice_help(opt: Option) -> str | None:
-    from specdec.registry import DRAFTERS, POLICIES
-
-    from specdec.registry import BACKENDS
+    from specdec.registry import BACKENDS, DRAFTERS, POLICIES
 
     registry = {"drafter": DRAFTERS, "policy": POLICIES, "backend": BACKENDS}.get(opt.name)
     if registry is None:
@@ -79,10 +84,16 @@ def from_args(args, base: GenerationOptions | None = None) -> GenerationOptions:
 
 def from_body(body: Mapping[str, Any], base: GenerationOptions) -> GenerationOptions:
     """The options a server request body chose (fields it leaves out or sets to null keep
-    ``base``, the server's defaults), validated."""
+    ``base``, the server's defaults), validated; a mistake names the option as the body does
+    (:func:`body_name`)."""
     allowed = {o.name for o in generation_options() if o.server}
     values = {k: v for k, v in body.items() if k in allowed and v is not None}
-    return GenerationOptions.of(values, base).validate()
+    return GenerationOptions.of(values, base).validate(spell=body_name)
+
+
+def body_name(name: str) -> str:
+    """An option as a server request's body names it (``max_new_tokens`` -> ``max_tokens``)."""
+    return BODY_NAMES.get(name, name)
 
 
 def from_spec(pairs: Mapping[str, str], base: GenerationOptions) -> GenerationOptions:
@@ -103,13 +114,8 @@ def from_spec(pairs: Mapping[str, str], base: GenerationOptions) -> GenerationOp
 
 
 def server_fields() -> list[Option]:
-    """The options a request body may set (besides OpenAI's own names for some of them)."""
+    """The options a request body may set (some by OpenAI's names: :func:`body_name`)."""
     return [o for o in generation_options() if o.server]
-
-
-def flag(name: str) -> str:
-    """A setting as the command line spells it (``max_tokens`` -> ``--max-tokens``)."""
-    return "--" + name.replace("_", "-")
 
 
 def spec_values(args, specs) -> dict[str, Any]:

@@ -13,7 +13,6 @@ the reference text and every speculative configuration reproduces it.
 
 from __future__ import annotations
 
-import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,32 +21,28 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.errors import SpecdecError
+from specdec.options import check, check_fields, core, same_as
 
-MAX_SEED = 2**64 - 1
 # Below this a temperature only sharpens logits that float32 already separates completely.
 _MIN_TEMPERATURE = 1e-30
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen. ``temperature == 0`` means greedy (argmax)."""
+    """How the next token is chosen. ``temperature == 0`` means greedy (argmax).
 
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no top-k cut
-    top_p: float = 1.0  # 1.0: no nucleus cut
-    seed: int | None = None
+    The engine's copy of the sampling options: their defaults and checks are the ones
+    :class:`~specdec.options.GenerationOptions` declares (a bad value reads as it does in every
+    front end), and :meth:`specdec.engine.DecodeConfig.of` builds one from validated options.
+    """
+
+    temperature: float = same_as("temperature")
+    top_k: int = same_as("top_k")  # 0: no top-k cut
+    top_p: float = same_as("top_p")  # 1.0: no nucleus cut
+    seed: int | None = same_as("seed")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
-            raise SpecdecError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecdecError(f"top_k must be a whole number >= 0 (0 disables it), got {self.top_k}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed <= MAX_SEED):
-            raise SpecdecError(f"seed must be a whole number from 0 to 2**64-1, got {self.seed}")
+        check_fields(self)  # the engine's own callers build these by hand
 
     @property
     def greedy(self) -> bool:
@@ -128,8 +123,7 @@ def random_seed() -> int:
     return int.from_bytes(os.urandom(8), "little")
 
 
-VerifyMode = str  # "coupled" | "rejection"
-VERIFY_MODES = ("coupled", "rejection")
+VerifyMode = str  # one of specdec.options.VERIFY_MODES
 
 
 class Sampler:
@@ -140,9 +134,8 @@ class Sampler:
     gives the drafter independent noise and verifies by rejection sampling (min(1, p/q)).
     """
 
-    def __init__(self, params: SamplingParams, verify: VerifyMode = "coupled") -> None:
-        if verify not in VERIFY_MODES:
-            raise SpecdecError(f"unknown verification {verify!r}: use one of {', '.join(VERIFY_MODES)}")
+    def __init__(self, params: SamplingParams, verify: VerifyMode = core("verify").default) -> None:
+        check([core("verify")], {"verify": verify}.get)  # the option's own check and message
         self.params = params
         self.verify = verify
         self.seed = params.seed if params.seed is not None else random_seed()

@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specdec import option_forms
-from specdec.commands.common import (add_model_options, add_sampling_options, check_context, check_positive,
-                                     load_options)
+from specdec.commands.common import (add_model_options, add_options, add_sampling_options, check_context,
+                                     check_positive, load_options)
 from specdec.errors import SpecdecError
 from specdec.files import atomic_open, write_atomic
 
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
                             "questions (question_id, category, turns) or HumanEval problems (task_id, prompt, ...)")
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
-    bench.add_argument("--max-new-tokens", type=int, default=64)
+    add_options(bench, ("max_new_tokens",))
     bench.add_argument("--repeats", type=int, default=1, metavar="R",
                        help="run each method R times per question and keep the fastest (timing noise on a "
                             "shared VM only adds time; default 1)")
@@ -54,11 +54,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_positive(args.limit, "--limit")
-    check_positive(args.max_new_tokens, "--max-new-tokens")
     check_positive(args.repeats, "--repeats")
     if not args.min_seconds >= 0:
         raise SpecdecError(f"--min-seconds must be >= 0, got {args.min_seconds}")
-    base = option_forms.from_args(args)  # the sampling every method shares; a method adds its own options
+    # The length and sampling every method shares (checked here); a method adds its own options.
+    base = option_forms.from_args(args)
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")

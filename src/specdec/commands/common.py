@@ -62,13 +62,18 @@ def load_options(args: argparse.Namespace) -> dict:
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
 
 
-def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """The sampling flags alone (``specdec bench``: the drafting options are in its method specs)."""
+def add_options(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """The flags of the generation options ``names`` alone (``specdec bench``: the drafting options
+    are in its method specs); :func:`specdec.option_forms.from_args` reads and checks them."""
     from specdec import option_forms
-    from specdec.options import all_options
+    from specdec.options import core
 
-    drafting = [o.name for o in all_options() if o.name not in SAMPLING]
-    option_forms.add_arguments(parser, skip=tuple(drafting))
+    option_forms.add_spec_arguments(parser, [core(name) for name in names])
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    """The sampling flags alone."""
+    add_options(parser, SAMPLING)
 
 
 def add_generation_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), **defaults) -> None:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from specdec import option_forms
 from specdec.commands.common import add_generation_options, add_model_options, generation_options, load_options, \
     quiet_libraries
 from specdec.errors import SpecdecError
-from specdec.load_options import SERVE, ServeOptions
-from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, as_flag, check_memory_sharing
-
-if TYPE_CHECKING:
-    from specdec.server.settings import ServeConfig
+from specdec.load_options import SERVE
+from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, ServeConfig, check_memory_sharing
 
 NAME = "serve"
 ORDER = 5
@@ -53,7 +49,7 @@ def add_parser(sub) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     args.options = generation_options(args)
-    ServeOptions(**option_forms.spec_values(args, SERVE)).validate(spell=option_forms.flag)
+    serve_config(args).validate(spell=option_forms.flag)
     check_memory_sharing(args.memory, args.shared_index, spell=option_forms.flag)
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
@@ -76,7 +72,7 @@ def check_ray(args: argparse.Namespace) -> None:
         if given:
             raise SpecdecError(f"{given[0]} needs --ray")
         return
-    scaling(args).check(spell=as_flag)
+    scaling(args).check(spell=option_forms.flag)
     from specdec.server.ray_app import ray_modules
 
     ray_modules()
@@ -100,10 +96,7 @@ def check_port(host: str, port: int) -> None:
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The server's :class:`~specdec.server.settings.ServeConfig` from checked flags: every drafting
     flag (``--verify`` and drafters' own options included) is the default of requests."""
-    from specdec.server.settings import ServeConfig
-
-    return ServeConfig(defaults=args.options, slots=args.slots, max_tokens=args.max_tokens, batch=args.batch,
-                       shared_index=args.shared_index, index_tokens=args.index_tokens)
+    return ServeConfig(defaults=args.options, **option_forms.spec_values(args, SERVE))
 
 
 def run(args: argparse.Namespace) -> int:

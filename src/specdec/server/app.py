@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import replace
 
 import anyio
 from fastapi import FastAPI, Request
@@ -47,7 +48,7 @@ class Server:
         self.started = time.time()
         loaded, draft = model.loaded, self.draft_model
         if self.config.batch is None:
-            self.config.batch = loaded.can_batch
+            self.config = replace(self.config, batch=loaded.can_batch)
         if self.config.index_tokens and loaded.memory is None:
             # The index of earlier outputs (per API key unless shared): what a server's drafts learn
             # from its earlier answers, bounded.
@@ -88,22 +89,22 @@ class Server:
             raise ApiError(400, str(exc), param="messages") from None
 
     # -- requests -> generations --------------------------------------------------------------------
-    def options(self, req: Common, max_tokens: int | None) -> GenerationOptions:
+    def options(self, req: Common, max_new_tokens: int | None) -> GenerationOptions:
         """The options ``req`` runs with: the server's defaults, OpenAI's fields over them, then
-        specdec's own fields. A bad value is a 400 with the message the CLI gives for it."""
+        specdec's own fields. A bad value is a 400 with the message the CLI gives for it, the
+        option named as the body names it (``max_tokens``)."""
         if req.model not in self.names():
             raise ApiError(404, f"model {req.model!r} is not served here (try {self.model.name!r})",
                            param="model", code="model_not_found")
-        if max_tokens is not None and max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
-        base = self.config.defaults.with_(max_new_tokens=max_tokens or self.config.max_tokens,
-                                          temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                          seed=req.seed, stop=req.stop or ())
+        base = self.config.defaults.with_(
+            max_new_tokens=self.config.max_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop or ())
         chosen = {o.name: getattr(req, o.name, None) for o in specdec_fields()}
         try:
             return option_forms.from_body(chosen, base)
         except SpecdecError as exc:
-            raise ApiError(400, str(exc), param=getattr(exc, "option", None)) from None
+            option = getattr(exc, "option", None)
+            raise ApiError(400, str(exc), param=option and option_forms.body_name(option)) from None
 
     def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None) -> DecodeRun:
         # Tenants apart unless the server shares one index (specdec.server.tenants).

@@ -36,7 +36,7 @@ class Served(Protocol):
 
     def metrics_text(self) -> str: ...
 
-    def options(self, req: Common, max_tokens: int | None) -> GenerationOptions: ...
+    def options(self, req: Common, max_new_tokens: int | None) -> GenerationOptions: ...
 
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
@@ -68,7 +68,7 @@ def router(server: Served) -> APIRouter:
     @routes.post("/v1/completions")
     async def completions(req: CompletionBody, request: Request):
         t0 = time.perf_counter()
-        opts = server.options(req, req.max_tokens)
+        opts = server.options(req, req.max_new_tokens)
         answer = Completion(req.model)
         tenant = tenant_of(request)
         if req.stream:
@@ -78,8 +78,7 @@ def router(server: Served) -> APIRouter:
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
         t0 = time.perf_counter()
-        opts = server.options(req, req.max_completion_tokens if req.max_completion_tokens is not None
-                              else req.max_tokens)
+        opts = server.options(req, req.max_new_tokens)
         prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                                      for m in req.messages])
         answer = ChatCompletion(req.model)

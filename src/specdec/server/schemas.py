@@ -47,6 +47,11 @@ class Common(BaseModel):
     n: StrictInt = 1
     logprobs: StrictBool | StrictInt | None = None
 
+    @property
+    def max_new_tokens(self) -> int | None:
+        """OpenAI's ``max_tokens``, by specdec's name (None: the server's default)."""
+        return self.max_tokens
+
     @model_validator(mode="after")
     def _supported(self):
         if self.n != 1:
@@ -91,14 +96,19 @@ class ChatRequest(Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
 
+    @property
+    def max_new_tokens(self) -> int | None:
+        """OpenAI's ``max_completion_tokens`` (its newer name for ``max_tokens``), else ``max_tokens``."""
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
 
 Request = TypeVar("Request", bound=Common)
 
 
 def specdec_fields() -> list[Option]:
     """The options a body may set that OpenAI has no field for (``temperature`` and the like are
-    OpenAI's, with OpenAI's defaults, in :class:`Common`)."""
-    return [o for o in option_forms.server_fields() if o.name not in Common.model_fields]
+    OpenAI's, with OpenAI's defaults, in :class:`Common`; ``max_new_tokens`` is its ``max_tokens``)."""
+    return [o for o in option_forms.server_fields() if option_forms.body_name(o.name) not in Common.model_fields]
 
 
 def with_specdec_fields(request: type[Request]) -> type[Request]:

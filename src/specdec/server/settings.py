@@ -14,45 +14,31 @@ Mistakes read as the front end spells a setting: ``--min-replicas`` on the comma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import SpecdecError
 from specdec.load_options import LOAD, SERVE, LoadOptions, ServeOptions, draft_model_for
-from specdec.options import GenerationOptions
+from specdec.options import GenerationOptions, Spell, flag
 
 # Chosen by each request's body (OpenAI's fields), not by the server.
 PER_REQUEST = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 ROUTINGS = ("prefix", "default")
 DEFAULT_REPLICAS = 2
 
-Spell = Callable[[str], str]
 
-
-_SERVE = ServeOptions()  # the serve options' defaults (specdec.load_options.SERVE)
-
-
-@dataclass
-class ServeConfig:
-    """The options of requests that do not choose, and the server's limits
-    (:data:`specdec.load_options.SERVE`: slots, max_tokens, batch, shared_index)."""
+@dataclass(frozen=True)
+class ServeConfig(ServeOptions):
+    """A server's set-up: its serve options (:class:`~specdec.load_options.ServeOptions`: slots,
+    max_tokens, batch, shared_index, index_tokens, declared there), the options of requests that do
+    not choose, and the largest request body it reads."""
 
     defaults: GenerationOptions = field(default_factory=GenerationOptions)  # drafting (sampling: OpenAI's)
-    slots: int = _SERVE.slots  # generations in progress at once (each holds a KV cache)
-    max_tokens: int = _SERVE.max_tokens  # when a request gives no max_tokens
     max_body: int = 1 << 20  # bytes
-    batch: bool | None = _SERVE.batch  # step generations in one forward (None: where the backend can)
-    shared_index: bool = _SERVE.shared_index  # clients draft from each other's outputs (default: per API key)
-    index_tokens: int = _SERVE.index_tokens  # each index of earlier outputs, bounded (0: none)
 
 
-def as_flag(name: str) -> str:
-    """A setting as the command line spells it."""
-    return "--" + name.replace("_", "-")
-
-
-def check_memory_sharing(memory: str | None, shared_index: bool, spell=as_flag) -> None:
+def check_memory_sharing(memory: str | None, shared_index: bool, spell: Spell = flag) -> None:
     """A memory file is one index of every client's outputs: a server keeps one only when its
     clients share the index (``shared_index``); otherwise each API key has its own
     (:mod:`specdec.server.tenants`) and nothing would go into the file."""
@@ -142,11 +128,9 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
             raise SpecdecError(wrong)
     defaults = GenerationOptions.of({k: v for k, v in values.items() if k in drafting}).validate()
     draft_model = draft_model_for(defaults.drafter, _typed(values, "draft_model", str, None), model)
-    serve = ServeOptions(**{k: values[k] for k in serve_names if k in values}).validate()
-    config = ServeConfig(defaults=defaults, slots=serve.slots, max_tokens=serve.max_tokens, batch=serve.batch,
-                         shared_index=serve.shared_index, index_tokens=serve.index_tokens)
+    config = ServeConfig(defaults=defaults, **{k: values[k] for k in serve_names if k in values}).validate()
     scaling = Scaling(**{k: values[k] for k in SCALING if k in values}).check()
-    check_memory_sharing(values.get("memory"), serve.shared_index, spell=str)
+    check_memory_sharing(values.get("memory"), config.shared_index, spell=str)
     return ServeSettings(model=model, load=load.to_dict(), draft_model=draft_model, memory=values.get("memory"),
                          config=config, scaling=scaling)
 
