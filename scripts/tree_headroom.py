@@ -55,7 +55,7 @@ def replay(prompt: list[int], out: list[int], tree: bool, k: int, table,
         else:
             verdict = verify_by_choice(draft.tokens, lambda depth: target_token(depth, depth))
         if draft.tokens:
-            drafter.observe(draft, verdict)
+            drafter.verified(draft, verdict)
         t += verdict.num_accepted + 1
         steps += 1
     drafter.close()

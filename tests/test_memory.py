@@ -65,7 +65,7 @@ def test_the_drafter_prefers_memory_only_where_it_beats_the_context():
     drafter = NgramDrafter(memory=memory)
     drafter.begin([1, 40, 41], None)
     draft = drafter.propose([1, 40, 41], 3)
-    assert draft.tokens == [42, 43, 44] and all(f.remembered == 1 for f in draft.features)
+    assert draft.tokens == [42, 43, 44] and all(f.remembered == 1 for f in drafter.notes.get(draft))
     drafter.begin([40, 41, 50, 40, 41], None)  # the context itself says 50 follows 40 41
     assert drafter.propose([40, 41, 50, 40, 41], 1).tokens == [50]
 

@@ -55,9 +55,9 @@ class Watched(ModelDrafter):
         super().__init__(*args, **kwargs)
         self.seen = []
 
-    def observe(self, draft, verdict) -> None:
-        super().observe(draft, verdict)
-        self.seen.append((draft, verdict))
+    def verified(self, draft, verdict, fed=(), logits=None) -> None:
+        self.seen.append((draft, verdict, self.notes.get(draft)))
+        super().verified(draft, verdict, fed, logits)
 
 
 def test_the_model_drafter_branches_on_its_top_tokens():
@@ -72,7 +72,8 @@ def test_the_model_drafter_branches_on_its_top_tokens():
     tree_steps = [s for s in out.trace if s.parents is not None]
     assert tree_steps and out.stats.tree_nodes == sum(len(s.drafted) for s in tree_steps)
     # some accepted path went through a sibling (rank > 0: not the drafter's own first choice)
-    assert any(draft.features[n][1] > 0 for draft, verdict in drafter.seen if draft.is_tree for n in verdict.path)
+    assert any(features[n][1] > 0 for draft, verdict, features in drafter.seen if draft.is_tree
+               for n in verdict.path)
     # one draft forward per depth (plus the one after the context), not one per node
     for s in tree_steps:
         depth = max(_depth(s.parents, i) for i in range(len(s.parents))) + 1

@@ -64,32 +64,36 @@ def test_the_longest_match_beats_a_more_frequent_short_one():
     # that went on with 5 6: a copy in progress (a suffix tree's deepest node), followed token by token.
     tokens = [1, 2, 3, 4, 8, 1, 2, 3, 4, 8, 9, 9, 1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2, 3, 4]
     assert propose(tokens, 4) == [5, 6, 7, 9]
-    draft = NgramDrafter().propose(tokens, 4)
-    assert [f.match for f in draft.features] == [6, 7, 8, 9]  # the match grows along the copy
+    drafter = NgramDrafter()
+    draft = drafter.propose(tokens, 4)
+    assert [f.match for f in drafter.notes.get(draft)] == [6, 7, 8, 9]  # the match grows along the copy
 
 
 def test_a_draft_past_the_context_s_match_is_believed_less():
     tokens = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4]  # matched 4 tokens back
-    draft = NgramDrafter().propose(tokens, 10)
+    drafter = NgramDrafter()
+    draft = drafter.propose(tokens, 10)
     assert draft.tokens == [5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
-    assert [f.beyond for f in draft.features] == [0] * 4 + [1] * 4 + [2] * 2
+    assert [f.beyond for f in drafter.notes.get(draft)] == [0] * 4 + [1] * 4 + [2] * 2
     assert draft.confidence[3] > draft.confidence[4] > draft.confidence[8]
 
 
 def test_confidence_grows_with_the_length_of_the_match():
-    short = NgramDrafter().propose([5, 6, 9, 8, 7, 6], 1)  # matches only "6"
-    long = NgramDrafter().propose([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 1)  # matches 6 tokens
+    short_drafter, long_drafter = NgramDrafter(), NgramDrafter()
+    short = short_drafter.propose([5, 6, 9, 8, 7, 6], 1)  # matches only "6"
+    long = long_drafter.propose([1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 5, 6], 1)  # matches 6 tokens
     assert short.tokens == long.tokens == [9]
-    assert short.features[0].match == 1 and long.features[0].match == 6
+    assert short_drafter.notes.get(short)[0].match == 1 and long_drafter.notes.get(long)[0].match == 6
     assert long.confidence[0] > short.confidence[0] + 0.2
 
 
-def test_observe_calibrates_the_confidence_online():
+def test_verified_drafts_calibrate_the_confidence_online():
     drafter = NgramDrafter()
     tokens = [5, 6, 9, 8, 7, 6]
     before = drafter.propose(tokens, 1)
     for _ in range(50):
-        drafter.observe(before, Verdict(before.tokens + [0], 1, True))  # always accepted
+        drafter.propose(tokens, 1)
+        drafter.verified(before, Verdict(before.tokens + [0], 1, True))  # always accepted
     assert drafter.propose(tokens, 1).confidence[0] > 0.9 > before.confidence[0]
 
 
@@ -99,7 +103,7 @@ def _declined_then_followed(table, context, followed):
     drafter = NgramDrafter(table=table)
     drafter.begin(context, None)
     draft = drafter.propose(context, 3)
-    drafter.observe(draft.truncated(0), Verdict([followed[0]], 0, False))  # declined: a plain step
+    drafter.verified(draft.truncated(0), Verdict([followed[0]], 0, False))  # declined: a plain step
     for i in range(1, len(followed) + 1):
         drafter.sync(context + followed[:i])  # the plain steps' tokens
     drafter.close()
@@ -175,11 +179,11 @@ def test_recycle_drafts_where_the_index_has_nothing_and_learns_per_source():
     drafter = RecycleDrafter()
     drafter.begin([1, 2, 3, 1, 2], None)
     draft = drafter.propose([1, 2, 3, 1, 2], 3)  # nothing recycled yet: the index drafts 3, 1, 2
-    assert draft.tokens == [3, 1, 2] and [f[0] for f in draft.features] == [NGRAM] * 3
+    assert draft.tokens == [3, 1, 2] and [f[0] for f in drafter.notes.get(draft)] == [NGRAM] * 3
     drafter.next.update({4: [7, 8], 7: [9]})
     draft = drafter.propose([1, 2, 3, 4], 3)  # 4 was never followed by anything: recycled 7, then 9
-    assert draft.tokens == [7, 9] and draft.features == [(RECYCLED, (0, 0)), (RECYCLED, (0, 1))]
+    assert draft.tokens == [7, 9] and drafter.notes.get(draft) == [(RECYCLED, (0, 0)), (RECYCLED, (0, 1))]
     ngram_before = {k: list(v) for k, v in drafter.ngram_table.counts.items()}
-    drafter.observe(draft, Verdict([7, 5], 1, False))  # 7 accepted, 9 rejected
+    drafter.verified(draft, Verdict([7, 5], 1, False))  # 7 accepted, 9 rejected
     assert drafter.acceptance.counts == {(0, 0): [1.0, 1.0], (0, 1): [0.0, 1.0]}
     assert drafter.ngram_table.counts == ngram_before

@@ -150,8 +150,7 @@ class DecodeRun:
         self.policy.begin(self.target, self.drafter)
         stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
-        self.drafter.attach(self.target)
-        self.drafter.begin(self.prompt, self.sampler)
+        self.drafter.begin(self.prompt, self.sampler, self.target)
         tokens = list(self.prompt)
         while not self.done:
             t0 = time.perf_counter()
@@ -168,7 +167,8 @@ class DecodeRun:
             else:
                 self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
-            self.drafter.see([tokens[-1], *draft.tokens], logits)  # drafting work: timed as such
+            # What the drafter learns from the verification is drafting work: timed as such.
+            self.drafter.verified(draft, verdict, [tokens[-1], *draft.tokens], logits)
             t3 = time.perf_counter()
 
             position = len(out)
@@ -180,7 +180,6 @@ class DecodeRun:
                     self.done = True
                     break
             tokens.extend(emitted)
-            self.drafter.observe(draft, verdict)
             # A draft that priced its own verification was not a plain forward of its length: no
             # point on the forward-cost curve.
             timed = t2 - t1 if draft.verify_cost is None else 0.0

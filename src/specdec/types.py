@@ -13,7 +13,9 @@ import torch
 
 @dataclass
 class Draft:
-    """Tokens proposed after the current context.
+    """Tokens proposed after the current context, with what the engine and its readers need about
+    them: verification (:mod:`specdec.verify`), the draft-length policy and the step trace. What a
+    drafter wants back about its own draft it keeps itself (:mod:`specdec.drafting.notes`).
 
     ``q`` is the drafter's sampling distribution at each proposed position (after the same
     temperature/top-k/top-p transform as the target); it is only needed for rejection sampling.
@@ -22,25 +24,25 @@ class Draft:
     rejection sampling's rule and residual.
     """
 
-    tokens: list[int]
-    q: torch.Tensor | None = None  # [len(tokens), V] float32, or None
-    forwards: int = 0  # drafter model forward passes spent on this draft
-    # [len(tokens)]: the drafter's estimate that token i is accepted given tokens < i were; a
-    # draft-length policy weighs these against the cost of verifying more tokens.
+    tokens: list[int]  # the engine feeds them to the target; everyone reads them
+    q: torch.Tensor | None = None  # [len(tokens), V] float32, or None: verification's (rejection sampling)
+    forwards: int = 0  # drafter model forward passes spent on this draft: the policy's price, the trace
+    # [len(tokens)]: the drafter's estimate that token i is accepted given tokens < i were; the
+    # policy weighs these against the cost of verifying more tokens (the engine's best path too).
     confidence: list[float] | None = None
-    # Drafter-private per-token data it wants back in Drafter.observe (e.g. features it learns from).
-    features: list | None = None
     probs: list[float] | None = None  # [len(tokens)]: q(token) as the drafter drew it (for the trace)
-    proposed: int | None = None  # how many tokens the drafter proposed before any cut
+    proposed: int | None = None  # how many tokens the drafter proposed before any cut (for the trace)
     # A tree (specdec.tree): parents[i] is node i's parent, -1 for a child of the context; None is a
     # chain. Nodes come parents first and best first, so every prefix is a tree. For a tree,
     # confidence[i] is P(node i is accepted | its parent is), and q[i] the distribution node i was
-    # drawn from (its siblings drawn i.i.d. from the same one, as in SpecInfer).
+    # drawn from (its siblings drawn i.i.d. from the same one, as in SpecInfer). The engine, the
+    # target's forward, verification, the policy and the trace read it.
     parents: list[int] | None = None
     extra: dict | None = None  # drafter-specific details for the trace (e.g. which source drafted)
     # The cost of a step verifying the first n nodes, in plain one-token steps, when the target's
     # forward-cost curve does not price it (part of the work already ran while drafting, e.g. a
     # self draft's layer passes); None: the curve's. Such a step's time is no point on that curve.
+    # The policy prices with it; the engine keeps such a step off the curve.
     verify_cost: Callable[[int], float] | None = None
 
     def __post_init__(self) -> None:
@@ -73,8 +75,8 @@ class Draft:
         parents = subset(self.parents if self.parents is not None else chain(len(self.tokens)), keep)
         parents = None if is_chain(parents) else parents
         verify_cost = self.verify_cost if keep == list(range(len(keep))) else None
-        return Draft([self.tokens[i] for i in keep], q, self.forwards, pick(self.confidence), pick(self.features),
-                     pick(self.probs), self.proposed, parents, self.extra, verify_cost)
+        return Draft([self.tokens[i] for i in keep], q, self.forwards, pick(self.confidence), pick(self.probs),
+                     self.proposed, parents, self.extra, verify_cost)
 
 
 @dataclass

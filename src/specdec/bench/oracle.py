@@ -44,8 +44,8 @@ class HindsightCut(Drafter):
         self.inner = inner
         self.reference = list(reference)
 
-    def begin(self, prompt, sampler) -> None:
-        self.inner.begin(prompt, sampler)
+    def begin(self, prompt, sampler, target=None) -> None:
+        self.inner.begin(prompt, sampler, target)
 
     def propose(self, tokens, k, stop=None) -> Draft:
         candidate = self.inner.propose(tokens, k).tokens

@@ -77,8 +77,8 @@ class ArcticSuffixDrafter(Drafter):
         self._request: int | None = None
         self._fed = 0  # tokens of the sequence the cache has seen
 
-    def begin(self, prompt, sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt, sampler, target=None) -> None:
+        super().begin(prompt, sampler, target)
         self._stop()
         self._request = next(self._ids)
         self.cache.start_request(self._request, list(prompt))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec import tree as trees
+from specdec.backends.base import Backend
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_chain
@@ -39,15 +40,12 @@ class CombinedDrafter(SelfDrafter):
         super().__init__(head, table, measured)
         self.free = free
 
-    def begin(self, prompt: Sequence[int], sampler) -> None:
-        super().begin(prompt, sampler)
-        self.free.begin(prompt, sampler)
+    def begin(self, prompt: Sequence[int], sampler, target: Backend | None = None) -> None:
+        super().begin(prompt, sampler, target)
+        self.free.begin(prompt, sampler, target)
 
     def close(self) -> None:
         self.free.close()
-
-    def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
-        self.free.see(fed, logits)
 
     def _instead(self, tokens: Sequence[int], k: int, stop: StopDrafting | None, want_q: bool) -> Draft | None:
         """The free sources' draft (a tree with ``--tree``) as the whole draft, when its best
@@ -86,23 +84,27 @@ class CombinedDrafter(SelfDrafter):
         """End the draft with the free sources' chain (no layer passes until verification) if it
         pays: its expected accepted tokens would each have cost a layer pass, its tokens cost a
         batched row each and ending the step here costs one more full head. False: not taken."""
-        tail = best_chain(lambda path: self.free.expand(out.tokens + path, tokens[-1]), k - len(out.tokens))
+        tail, features = best_chain(lambda path: self.free.expand(out.tokens + path, tokens[-1]), k - len(out.tokens))
         expected = sum(trees.path_probabilities(trees.chain(len(tail)), tail.confidence))
         # The tail's rows and the full head: about a forward of its length.
         if expected * (self.m.body.value + self.m.small.value) <= self.m.forward(len(tail)):
             return False
-        for tok, estimate, feats in zip(tail.tokens, tail.confidence, tail.features):
+        for tok, estimate, feats in zip(tail.tokens, tail.confidence, features):
             out.append(tok, 1.0, estimate, feats, one_hot(tok, self.target.vocab_size) if want_q else None)
             if stop is not None and stop(out.confidence):
                 break
         return True
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),
+                 logits: torch.Tensor | None = None) -> None:
+        """The target's rows are recycled whoever drafted; the verdict goes to whoever did."""
+        if logits is not None:
+            self.free.recycle(fed, logits)
         if not self.clock.through_layers:  # the free sources' own draft (maybe a tree)
             self.clock.emitted = len(verdict.tokens)
-            self.free.observe(draft, verdict)
+            self.free.verified(draft, verdict)
             return
-        super().observe(draft, verdict)
+        super().verified(draft, verdict)
 
     def _record(self, source: str, feats: tuple, accepted: bool) -> None:
         if source == SELF:

@@ -15,6 +15,7 @@ from specdec.drafting.draft_model import (LOOKUP_ACCEPTANCE, bridged, draft_back
                                           model_table)
 from specdec.drafting.draft_tokens import DraftTokens, decile
 from specdec.drafting.grow import MAX_TREE_NODES
+from specdec.drafting.notes import Notes
 from specdec.drafters.ngram import NgramDrafter
 from specdec.options import Option
 from specdec.registry import DraftRequest, drafter
@@ -67,6 +68,7 @@ class ModelDrafter(Drafter):
         # The n-gram index of the context: where it repeats itself, its drafts come free.
         self.lookup = lookup
         self._copied = False  # whether the last draft came from the index
+        self.notes = Notes()  # each drafted node's features, until its verdict teaches the table
 
     def token_cost(self, tokens: Sequence[int] = ()) -> float:
         if self.lookup is not None and tokens and self._copies(tokens):
@@ -83,8 +85,9 @@ class ModelDrafter(Drafter):
         found = self.lookup.index.continuations([])
         return bool(found) and self.lookup.table.estimate(found[0][1]) >= LOOKUP_MIN
 
-    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt: Sequence[int], sampler: Sampler, target: Backend | None = None) -> None:
+        super().begin(prompt, sampler, target)
+        self.notes.clear()
         self.backend.reset()
         self.backend.idle()  # batched with other requests' drafts: only while it drafts (propose)
         self.cached = []
@@ -159,7 +162,7 @@ class ModelDrafter(Drafter):
             logits = self._forward([tok])
             self.cached.append(tok)
             forwards += 1
-        return out.draft(forwards)
+        return self.notes.keep(out.draft(forwards), out.features)
 
     def _propose_tree(self, tokens: list[int], k: int, logits: torch.Tensor) -> Draft:
         k = min(k, MAX_TREE_NODES)
@@ -204,7 +207,7 @@ class ModelDrafter(Drafter):
         # Best first (a node is never likelier than its parent, so parents stay first): any prefix
         # of the nodes is then the best tree of its size for the policy to cut.
         order = sorted(range(len(parents)), key=lambda i: (-reach[i], depth_of[i], i))
-        return out.draft(forwards, parents).subset(order)
+        return self.notes.keep(out.draft(forwards, parents).subset(order), [out.features[i] for i in order])
 
     def _children(self, q: torch.Tensor, position: int) -> list[int]:
         """The drafter's own draw, then its next most likely tokens (rejection mode: i.i.d. draws)."""
@@ -216,11 +219,15 @@ class ModelDrafter(Drafter):
         more = torch.multinomial(q, WIDTH - 1, replacement=True, generator=self._siblings).tolist()
         return [first] + more
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),
+                 logits: torch.Tensor | None = None) -> None:
+        """The verdict teaches the table of whichever drafted: the index or the model."""
         if self._copied:
-            self.lookup.observe(draft, verdict)
-        elif draft.features:
-            self.table.learn(draft, verdict)
+            self.lookup.verified(draft, verdict, fed, logits)
+            return
+        features = self.notes.take(draft)
+        if features:
+            self.table.learn(draft, features, verdict)
 
     def close(self) -> None:
         if self.lookup is not None:

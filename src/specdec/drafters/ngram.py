@@ -20,6 +20,7 @@ from specdec.context import LearnedSlot
 from specdec.drafting.acceptance import AcceptanceTable, Hindsight
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_first_tree
+from specdec.drafting.notes import Notes
 from specdec.drafting.suffix_index import NgramFeatures, NgramMemory, SuffixIndex, ngram_bucket, ngram_prior
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
@@ -42,12 +43,14 @@ class NgramDrafter(Drafter):
         # would never have verified); the last chain proposed, until the policy's verdict on it.
         self.hindsight = Hindsight(self.table)
         self._proposal: tuple[int, list[int], list[NgramFeatures]] | None = None
+        self.notes = Notes()  # each drafted token's features, until its verdict teaches the table
 
-    def begin(self, prompt, sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt, sampler, target=None) -> None:
+        super().begin(prompt, sampler, target)
         self.index.begin(prompt)
         self.hindsight.clear()
         self._proposal = None
+        self.notes.clear()
 
     def close(self) -> None:
         self.hindsight.judge(self.index.seq, final=True)
@@ -89,11 +92,11 @@ class NgramDrafter(Drafter):
             if stop is not None and stop(confidence):
                 break
         self._proposal = (len(self.index.seq), draft, features)
-        return Draft(draft, confidence=confidence, features=features)
+        return self.notes.keep(Draft(draft, confidence=confidence), features)
 
     def _propose_tree(self, k: int) -> Draft:
         """Grow a tree best-first by path probability over the distinct continuations of each node."""
-        return best_first_tree(self.expand, k, WIDTH)
+        return self.notes.keep(*best_first_tree(self.expand, k, WIDTH))
 
     def expand(self, path: list[int]) -> list[tuple[int, float, NgramFeatures]]:
         """Candidates to follow context + ``path``: every level's continuations, best estimate first."""
@@ -101,9 +104,11 @@ class NgramDrafter(Drafter):
                  for token, feats in self.index.continuations(path, every_level=True)]
         return sorted(found, key=lambda c: c[1], reverse=True)
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
-        if draft.features:
-            self.table.learn(draft, verdict)
+    def verified(self, draft: Draft, verdict: Verdict, fed=(), logits=None) -> None:
+        """The verified tokens teach the table; a chain the policy declined waits for hindsight."""
+        features = self.notes.take(draft)
+        if features:
+            self.table.learn(draft, features, verdict)
         elif not len(draft) and self._proposal is not None:
             self.hindsight.declined(*self._proposal)
         self._proposal = None

@@ -23,6 +23,7 @@ from specdec.context import DraftContext, LearnedSlot
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.grow import best_chain, best_first_tree
+from specdec.drafting.notes import Notes
 from specdec.drafters.ngram import NGRAM_ACCEPTANCE
 from specdec.drafting.suffix_index import NgramMemory, SuffixIndex, ngram_bucket, ngram_prior
 from specdec.registry import DraftRequest, drafter
@@ -48,15 +49,19 @@ class RecycleDrafter(Drafter):
         self.acceptance = acceptance or AcceptanceTable(recycled_prior, recycled_bucket)
         self.width = width
         self.tree = tree
+        self.notes = Notes()  # each drafted node's (source, features), until its verdict
 
-    def begin(self, prompt, sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt, sampler, target=None) -> None:
+        super().begin(prompt, sampler, target)
         self.index.begin(prompt)
+        self.notes.clear()
 
     def close(self) -> None:
         self.index.remember()
 
-    def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+    def recycle(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+        """Keep the target's top next tokens after each token it was fed (``logits`` row i: after
+        ``fed[i]``)."""
         top = topk_indices(logits, self.width).tolist()
         for token, row in zip(fed, top):
             self.next[token] = row
@@ -67,7 +72,7 @@ class RecycleDrafter(Drafter):
         def expand(path: list[int]) -> list[tuple[int, float, tuple]]:
             return self.expand(path, tokens[-1])
 
-        return best_first_tree(expand, k, self.width) if self.tree else best_chain(expand, k)
+        return self.notes.keep(*(best_first_tree(expand, k, self.width) if self.tree else best_chain(expand, k)))
 
     def expand(self, path: list[int], last_context_token: int) -> list[tuple[int, float, tuple]]:
         """Candidates after context + ``path`` from both sources, best estimate first (one per token)."""
@@ -84,16 +89,21 @@ class RecycleDrafter(Drafter):
         found = [(token, est, feats) for token, (est, feats) in best.items()]
         return sorted(found, key=lambda c: c[1], reverse=True)
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
-        """Each judged node teaches the table of the source that proposed it."""
-        if not draft.features:
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),
+                 logits: torch.Tensor | None = None) -> None:
+        """The target's rows are recycled; each judged node teaches the table of the source that
+        proposed it."""
+        if logits is not None:
+            self.recycle(fed, logits)
+        features = self.notes.take(draft)
+        if not features:
             return
         if draft.is_tree:
             judged = trees.judged(draft.parents, verdict.path)
         else:
             judged = [(i, i < verdict.num_accepted) for i in range(min(len(draft), verdict.num_accepted + 1))]
         for node, accepted in judged:
-            self.record(*draft.features[node], accepted)
+            self.record(*features[node], accepted)
 
     def record(self, source: str, feats: tuple, accepted: bool) -> None:
         """One judged candidate of ``source`` (n-gram or recycled), for its acceptance table."""

@@ -34,6 +34,7 @@ from specdec.context import DraftContext, LayerAccess, LearnedSlot
 from specdec.drafting.acceptance import AcceptanceTable
 from specdec.drafters.base import Drafter, StopDrafting
 from specdec.drafting.draft_tokens import DraftTokens, decile
+from specdec.drafting.notes import Notes
 from specdec.drafting.self_head import HEAD_ROWS, DraftHead, head_for
 from specdec.drafting.self_timing import Measured, StepClock, head_seconds
 from specdec.errors import SpecdecError
@@ -41,7 +42,7 @@ from specdec.options import Option, at_least
 from specdec.registry import DraftRequest, drafter
 from specdec.types import Draft, Verdict
 
-SELF = "self"  # the source of self-drafted tokens (in Draft.features)
+SELF = "self"  # the source of self-drafted tokens (in the drafter's notes)
 GREEDY = -1  # the feature of every greedy self-draft token
 
 # The self drafter's own option (the combined drafter declares the same one).
@@ -79,20 +80,21 @@ class SelfDrafter(Drafter):
         self.target: Backend | None = None
         self._seen = 0
         self.clock = StepClock(measured.self_token)
+        self.notes = Notes()  # each drafted token's (source, features), until its verdict
 
-    def attach(self, target: Backend) -> None:
-        if not isinstance(target, LayerAccess):
+    def begin(self, prompt: Sequence[int], sampler, target: Backend | None = None) -> None:
+        """Drafting runs the target's own layers: ``target`` must give layer access."""
+        if target is not None and not isinstance(target, LayerAccess):
             raise SpecdecError(no_body_message(type(target).__name__))
+        super().begin(prompt, sampler, target)
         self.target = target
-
-    def begin(self, prompt: Sequence[int], sampler) -> None:
-        super().begin(prompt, sampler)
+        self.notes.clear()
         self.head.add(prompt)
         self._seen = len(prompt)
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         if self.target is None:
-            raise SpecdecError("the self drafter drafts with the target's own layers: attach the target first")
+            raise SpecdecError("the self drafter drafts with the target's own layers: begin with the target")
         self.clock.next_step()
         self.head.add(tokens[self._seen:])  # what the context holds is likely to come again
         self._seen = len(tokens)
@@ -119,7 +121,7 @@ class SelfDrafter(Drafter):
                 break
             hidden = self._body(tok)
             forwards += 1
-        return out.draft(forwards, verify_cost=self._verify_cost())
+        return self.notes.keep(out.draft(forwards, verify_cost=self._verify_cost()), out.features)
 
     def _instead(self, tokens: Sequence[int], k: int, stop: StopDrafting | None, want_q: bool) -> Draft | None:
         """Another source's whole draft for this step, decided before any layer pass; None: draft
@@ -174,13 +176,16 @@ class SelfDrafter(Drafter):
         added = self.m.small.value + (1.0 - survival) * self.m.body.value
         return survival * self.m.overhead.value > self.m.per_step.value * added
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
-        """Each judged token teaches the table of the source that proposed it."""
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),
+                 logits: torch.Tensor | None = None) -> None:
+        """Each judged token teaches the table of the source that proposed it; the step's
+        tokens and wasted layer passes go into the measured costs."""
         self.clock.emitted = len(verdict.tokens)
+        features = self.notes.take(draft) or []
         for i in range(min(len(draft), verdict.num_accepted + 1)):
-            source, feats = draft.features[i]
+            source, feats = features[i]
             self._record(source, feats, i < verdict.num_accepted)
-        wasted = sum(1 for i in range(verdict.num_accepted, len(draft)) if draft.features[i][0] == SELF)
+        wasted = sum(1 for i in range(verdict.num_accepted, len(draft)) if features[i][0] == SELF)
         self.m.per_step.add(len(verdict.tokens))
         self.m.overhead.add(self.m.head + wasted * self.m.body.value + len(draft) * self.m.small.value)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specdec.backends.base import Backend
 from specdec.drafters.base import StopDrafting
 from specdec.drafters.base import Drafter
 from specdec.drafting.draft_model import bridged, draft_backend, draft_costs
@@ -42,8 +43,8 @@ class StagedDrafter(ModelDrafter):
         self.max_guess = max_guess
         self.index = SuffixIndex()  # guesses the draft model's next tokens
 
-    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt: Sequence[int], sampler: Sampler, target: Backend | None = None) -> None:
+        super().begin(prompt, sampler, target)
         self.index = SuffixIndex()
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
@@ -80,7 +81,7 @@ class StagedDrafter(ModelDrafter):
             rows = list(self.backend.extend([out.tokens[-1], *guess]))
             self.cached += [out.tokens[-1], *guess]
             forwards += 1
-        return out.draft(forwards, extra={"guessed": guessed, "guess_agreed": agreed})
+        return self.notes.keep(out.draft(forwards, extra={"guessed": guessed, "guess_agreed": agreed}), out.features)
 
 
 @drafter("staged", "a draft model (--draft-model) whose own drafting is sped up by the n-gram index: the same "

@@ -40,13 +40,13 @@ class AcceptanceTable:
         for i, feats in enumerate(features[:num_accepted + 1]):
             self.record(feats, i < num_accepted)
 
-    def learn(self, draft: Draft, verdict: Verdict) -> None:
-        """Learn from one verified draft, chain or tree."""
+    def learn(self, draft: Draft, features: Sequence[Features], verdict: Verdict) -> None:
+        """Learn from one verified draft, chain or tree, whose nodes had ``features``."""
         if not draft.is_tree:
-            self.update(draft.features, verdict.num_accepted)
+            self.update(features, verdict.num_accepted)
             return
         for node, accepted in trees.judged(draft.parents, verdict.path):
-            self.record(draft.features[node], accepted)
+            self.record(features[node], accepted)
 
 
 class Hindsight:

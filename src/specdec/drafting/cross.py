@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specdec.backends.base import Backend
 from specdec.drafting.drafter import Drafter, StopDrafting
 from specdec.sampling import Sampler
 from specdec.types import Draft, Verdict
@@ -39,10 +40,11 @@ class CrossVocabDrafter(Drafter):
     def intersection(self) -> bool:
         return self.sampler is not None and not self.sampler.greedy and not self.sampler.coupled
 
-    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
-        super().begin(prompt, sampler)
+    def begin(self, prompt: Sequence[int], sampler: Sampler, target: Backend | None = None) -> None:
+        super().begin(prompt, sampler, target)
         if hasattr(self.inner, "allowed"):
             self.inner.allowed = self.bridge.draft_mask if self.intersection else None
+        # The inner drafter works in the draft model's vocabulary: the target is none of its.
         self.inner.begin(self.bridge.draft_context(prompt), sampler)
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
@@ -60,7 +62,7 @@ class CrossVocabDrafter(Drafter):
         n = targets.index(-1) if -1 in targets else len(targets)  # cannot happen with a masked drafter
         q = self.bridge.to_target(inner.q[:n]) if inner.q is not None else None
         self._last = (inner, list(range(1, n + 1)), list(range(1, n + 1)))
-        return Draft(targets[:n], q, inner.forwards, _cut(inner.confidence, n), None, _cut(inner.probs, n),
+        return Draft(targets[:n], q, inner.forwards, _cut(inner.confidence, n), _cut(inner.probs, n),
                      extra={"draft_tokens": inner.tokens[:n]})
 
     def _through_text(self, tokens: Sequence[int], context: list[int], inner: Draft, k: int) -> Draft:
@@ -107,13 +109,15 @@ class CrossVocabDrafter(Drafter):
     def token_cost(self, tokens: Sequence[int] = ()) -> float:
         return self.inner.token_cost(self.bridge.draft_context(tokens) if tokens else ())
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (), logits=None) -> None:
+        """The inner drafter learns which of its tokens the target's kept text covered (the
+        target's rows are in the other vocabulary: it gets none)."""
         if self._last is None:
             return
         inner, draft_ends, target_ends = self._last
         kept = target_ends[verdict.num_accepted - 1] if verdict.num_accepted else 0
         accepted = sum(end <= kept for end in draft_ends)
-        self.inner.observe(inner, Verdict([], accepted, bonus=False))
+        self.inner.verified(inner, Verdict([], accepted, bonus=False))
 
     def close(self) -> None:
         self.inner.close()

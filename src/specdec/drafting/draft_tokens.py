@@ -1,6 +1,7 @@
-"""A draft being built token by token: the tokens, and what verification (q rows) and the
-draft-length policy (acceptance estimates, features, draft probabilities) need about each; shared
-by the drafters that draw from a distribution (model, self, combined)."""
+"""A draft being built token by token: the tokens, what verification (q rows) and the
+draft-length policy (acceptance estimates, draft probabilities) need about each, and the features
+the drafter keeps in its notes; shared by the drafters that draw from a distribution (model, self,
+combined)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class DraftTokens:
     qs: list[torch.Tensor] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
-    features: list[tuple] = field(default_factory=list)
+    features: list[tuple] = field(default_factory=list)  # the drafter's own: kept in its notes, not the Draft
 
     def add(self, token: int, q: torch.Tensor, feats: tuple, table: AcceptanceTable) -> float:
         """Add ``token`` drawn from ``q``; its estimate comes from ``table``."""
@@ -43,8 +44,8 @@ class DraftTokens:
     def draft(self, forwards: int, parents: list[int] | None = None, extra: dict | None = None,
               verify_cost: Callable[[int], float] | None = None) -> Draft:
         q = torch.stack(self.qs) if self.qs else None
-        return Draft(self.tokens, q, forwards, self.confidence, self.features, self.probs, parents=parents,
-                     extra=extra, verify_cost=verify_cost)
+        return Draft(self.tokens, q, forwards, self.confidence, self.probs, parents=parents, extra=extra,
+                     verify_cost=verify_cost)
 
 
 def decile(prob) -> int:

@@ -1,8 +1,14 @@
-"""What the decoding loop asks of a drafter: propose up to k tokens after the current context.
+"""What the decoding loop asks of a drafter: exactly the hooks :class:`specdec.engine.DecodeRun`
+calls, each named for its moment in a generation: :meth:`Drafter.begin`, then per step
+:meth:`Drafter.token_cost` and :meth:`Drafter.propose` before the target's forward and
+:meth:`Drafter.verified` after it, and :meth:`Drafter.close` at the end.
 
 A drafter may keep state (a KV cache, an index of the text so far); ``begin`` starts a new
 sequence and ``propose`` always receives the whole context, so a drafter can resynchronise itself
-after any rollback without being told what was accepted.
+after any rollback without being told what was accepted. What a drafter wants to remember about
+its own draft until the verdict (e.g. the features its acceptance table learns from) it keeps
+itself, in :class:`~specdec.drafting.notes.Notes`: a :class:`~specdec.types.Draft` holds only what
+the engine, verification, the policy and the trace read.
 
 The interface sits here, below the drafters, because what drafters share (a wrapper across
 vocabularies, a draft model's bridge) speaks of drafters too; the drafters themselves import it
@@ -34,12 +40,11 @@ class Drafter(ABC):
     def params(self) -> SamplingParams:
         return self.sampler.params if self.sampler is not None else SamplingParams()
 
-    def attach(self, target: Backend) -> None:
-        """The target's backend for the coming generation (called before :meth:`begin`). Drafters
-        that share the target's weights and cache (self-speculation) keep it; others ignore it."""
-
-    def begin(self, prompt: Sequence[int], sampler: Sampler) -> None:
-        """Start a new sequence; model drafters draw their tokens with ``sampler``."""
+    def begin(self, prompt: Sequence[int], sampler: Sampler, target: Backend | None = None) -> None:
+        """A generation starts after ``prompt`` on ``target`` (the target's backend, the prompt's
+        cache filled). Model drafters draw their tokens with ``sampler``; drafters that share the
+        target's weights and cache (self-speculation) keep ``target``, the others ignore it. None
+        where there is no target in this vocabulary (a drafter wrapped across vocabularies, tests)."""
         self.sampler = sampler
 
     @abstractmethod
@@ -57,13 +62,14 @@ class Drafter(ABC):
         nothing where no draft length pays."""
         return 0.0
 
-    def observe(self, draft: Draft, verdict: Verdict) -> None:
-        """Feedback after verification: ``verdict.path`` holds the draft nodes that were kept."""
-
-    def see(self, fed: Sequence[int], logits: torch.Tensor) -> None:
-        """The target's logits from the forward just done: row i is its next-token distribution
-        after ``fed[i]`` (the last context token, then the draft's nodes). Free information for
-        drafters that learn from it (token recycling); ignored by default."""
+    def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),
+                 logits: torch.Tensor | None = None) -> None:
+        """After each verification, what the drafter may learn from: ``draft`` is what the target
+        verified (this drafter's last proposal as the engine and the policy cut it; empty after a
+        plain step) and ``verdict`` what it kept (``verdict.path``: the kept nodes). ``logits`` row
+        i is the target's next-token distribution after ``fed[i]`` (the last context token, then
+        the draft's nodes): free information for drafters that learn from it (token recycling).
+        Wrappers that have no such rows in the drafter's vocabulary pass none. Ignored by default."""
 
     def close(self) -> None:
         """The generation is over: give back what was borrowed (e.g. a draft model's KV cache)."""

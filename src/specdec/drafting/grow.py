@@ -18,10 +18,10 @@ MAX_TREE_NODES = 16
 Expand = Callable[[list[int]], list[tuple[int, float, Hashable]]]
 
 
-def best_first_tree(expand: Expand, k: int, width: int, min_path: float = MIN_PATH) -> Draft:
+def best_first_tree(expand: Expand, k: int, width: int, min_path: float = MIN_PATH) -> tuple[Draft, list]:
     """Pop the likeliest candidate, add its children, until ``k`` nodes (at most
     :data:`MAX_TREE_NODES`); every prefix of the result is the best tree of its size, so a policy
-    can keep the size that pays.
+    can keep the size that pays. The draft, and each node's features (for the drafter's notes).
 
     Siblings are disjoint events (the target picks one token), so estimates that add up past 1
     are scaled down together.
@@ -56,11 +56,12 @@ def best_first_tree(expand: Expand, k: int, width: int, min_path: float = MIN_PA
         features.append(feats)
         paths.append(path)
         push(len(tokens) - 1, path, -neg)
-    return Draft(tokens, confidence=confidence, features=features, parents=parents or None)
+    return Draft(tokens, confidence=confidence, parents=parents or None), features
 
 
-def best_chain(expand: Expand, k: int, min_path: float = MIN_PATH) -> Draft:
-    """The chain of best candidates, up to ``k`` tokens or until it is unlikely to be reached."""
+def best_chain(expand: Expand, k: int, min_path: float = MIN_PATH) -> tuple[Draft, list]:
+    """The chain of best candidates, up to ``k`` tokens or until it is unlikely to be reached, and
+    each token's features (for the drafter's notes)."""
     tokens: list[int] = []
     confidence: list[float] = []
     features: list = []
@@ -76,4 +77,4 @@ def best_chain(expand: Expand, k: int, min_path: float = MIN_PATH) -> Draft:
         tokens.append(token)
         confidence.append(est)
         features.append(feats)
-    return Draft(tokens, confidence=confidence, features=features)
+    return Draft(tokens, confidence=confidence), features
