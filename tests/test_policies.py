@@ -264,16 +264,6 @@ def test_measure_switch_finds_the_switch_and_restores_the_cache():
     assert none < SWITCH_S * 0.75
 
 
-class PricedDrafter:
-    """A drafter stub that only says what each of its tokens costs (seconds)."""
-
-    def __init__(self, cost: float) -> None:
-        self.cost = cost
-
-    def token_cost(self, tokens=()) -> float:
-        return self.cost
-
-
 # Qwen2.5-Coder-1.5B on llama.cpp, 2-core AVX2: every verified row costs about half a forward.
 CPU = CostModel({1: 1.0, 2: 1.54, 3: 2.01, 4: 2.49, 5: 3.03, 8: 4.5})
 
@@ -284,32 +274,32 @@ def test_a_draft_model_is_not_run_where_no_draft_length_pays():
     drafting would gain 3%: the draft model is never asked for anything (not even its prompt)."""
     policy = AdaptiveK(CPU)
     policy.plan.acceptance = 0.98
-    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
-    assert [policy.max_k() for _ in range(48)] == [0] * 48
+    policy.begin(ToyLM(8, 2).backend())
+    assert [policy.max_k(0.47) for _ in range(48)] == [0] * 48
 
 
 def test_a_cheap_draft_model_drafts_the_length_that_pays_best():
     policy = AdaptiveK(CPU)
     policy.plan.acceptance = 0.9
-    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.05))
-    planned = policy.max_k()
+    policy.begin(ToyLM(8, 2).backend())
+    planned = policy.max_k(0.05)
     assert 2 <= planned < policy.k
     free = AdaptiveK(CPU, tuning=Tuning(prior_acceptance=0.9))
-    free.begin(ToyLM(8, 2).backend(), PricedDrafter(0.0))
-    assert free.max_k() == free.k  # free tokens: draft up to K, verify what pays
+    free.begin(ToyLM(8, 2).backend())
+    assert free.max_k(0.0) == free.k  # free tokens: draft up to K, verify what pays
     # Acceptance fell: shorter drafts; then none, with a one-token try now and then.
     for _ in range(40):
         policy.observe(planned, 0, 0.0)
     assert policy.plan.acceptance < 0.2
-    tries = [policy.max_k() for _ in range(32)]  # at 100% acceptance it would pay: tried now and then
+    tries = [policy.max_k(0.05) for _ in range(32)]  # at 100% acceptance it would pay: tried now and then
     assert set(tries) == {0, 1} and tries.count(1) == 2
 
 
 def test_drafting_stops_when_one_more_token_would_lower_the_rate():
     def policy_at(cost: float) -> AdaptiveK:
         policy = AdaptiveK(CPU, tuning=Tuning(prior_acceptance=0.95))
-        policy.begin(ToyLM(8, 2).backend(), PricedDrafter(cost))
-        policy.max_k()  # the step starts: the drafter prices its tokens
+        policy.begin(ToyLM(8, 2).backend())
+        policy.max_k(cost)  # the step starts at the drafter's price for its tokens
         return policy
 
     assert not policy_at(0.05).stop_drafting([0.95, 0.95])
@@ -321,8 +311,8 @@ def test_a_draft_models_forwards_count_in_the_choice_of_prefix():
     """Spent draft forwards are part of the step's time: with them a longer prefix can pay where
     it would not on the target's cost alone."""
     policy = AdaptiveK(CPU)
-    policy.begin(ToyLM(8, 2).backend(), PricedDrafter(0.47))
-    policy.max_k()
+    policy.begin(ToyLM(8, 2).backend())
+    policy.max_k(0.47)
     sure = Draft([1, 2, 3], forwards=3, confidence=[0.9, 0.9, 0.9])
     alone = AdaptiveK(CPU)
     assert policy.choose(sure) >= alone.choose(Draft([1, 2, 3], confidence=[0.9, 0.9, 0.9]))

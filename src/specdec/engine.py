@@ -147,7 +147,7 @@ class DecodeRun:
         stats.prompt_tokens = len(self.prompt)
         self.target.reset()
         self.target.reserve(len(self.prompt) + cfg.max_new_tokens)
-        self.policy.begin(self.target, self.drafter)
+        self.policy.begin(self.target)
         stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
         self.drafter.begin(self.prompt, self.sampler, self.target)
@@ -198,7 +198,9 @@ class DecodeRun:
 
     def _draft(self, tokens: list[int], remaining: int) -> Draft:
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
-        most = self.policy.max_k(tokens)
+        # The policy weighs what a drafted token costs here (the drafter's price) against what
+        # verification saves.
+        most = self.policy.max_k(self.drafter.token_cost(tokens))
         k = min(most, remaining - 1)
         if k <= 0:
             return Draft([])

@@ -58,8 +58,9 @@ class Drafter(ABC):
     def token_cost(self, tokens: Sequence[int] = ()) -> float:
         """Expected seconds to draft one more token after ``tokens`` (the context of the coming
         draft): a draft model's forward, 0 for drafters whose tokens cost next to nothing (an index
-        lookup). The adaptive policy weighs it against what the tokens would save, and drafts
-        nothing where no draft length pays."""
+        lookup). Asked by the engine before each draft and handed to the policy
+        (:meth:`specdec.policies.base.DraftPolicy.max_k`), which weighs it against what the tokens
+        would save and drafts nothing where no draft length pays."""
         return 0.0
 
     def verified(self, draft: Draft, verdict: Verdict, fed: Sequence[int] = (),

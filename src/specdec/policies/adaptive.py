@@ -5,7 +5,7 @@ sizing for trees), a generation's :class:`Calibration` of its drafter's confiden
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
@@ -33,17 +33,16 @@ class AdaptiveK(DraftPolicy):
         self.acceptance = self.tuning.prior_acceptance
         self.plan = Plan(self.tuning, k)
         self.calibration = Calibration(self.tuning)
-        self.drafter = None
         self._last: int | None = None  # rows of the previous forward (None: after the prefill)
         self._step_cost = 0.0  # seconds a token of this step's draft costs
 
-    def begin(self, target, drafter=None) -> None:
-        self.costs, self.drafter = target.forward_costs(self.curve), drafter
+    def begin(self, target) -> None:
+        self.costs = target.forward_costs(self.curve)
         self.calibration, self.plan.declined = Calibration(self.tuning), 0
 
-    def max_k(self, tokens: Sequence[int] = ()) -> int:
+    def max_k(self, price: float = 0.0) -> int:
         """K, or a priced drafter's planned length (0: none pays)."""
-        d = self._step_cost = self.drafter.token_cost(tokens) if self.drafter is not None else 0.0
+        d = self._step_cost = price
         return self.plan.length(d, self.costs.step) if d > 0 else self.k
 
     def choose(self, draft: Draft, context: int = 0) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 
 from specdec.backends.base import Backend
 from specdec.types import Draft
@@ -12,14 +11,15 @@ from specdec.types import Draft
 class DraftPolicy(ABC):
     """Chooses how much to draft and verify, and learns from what verification kept."""
 
-    def begin(self, target: Backend, drafter=None) -> None:
-        """A generation starts on ``target`` with ``drafter`` (policies that price forwards ask
-        the target what they cost, and the drafter what its tokens cost)."""
+    def begin(self, target: Backend) -> None:
+        """A generation starts on ``target`` (policies that price forwards ask it what they cost)."""
 
     @abstractmethod
-    def max_k(self, tokens: Sequence[int] = ()) -> int:
-        """Most tokens to ask the drafter for in the next step, after ``tokens`` (0: take a plain
-        step)."""
+    def max_k(self, price: float = 0.0) -> int:
+        """Most tokens to ask the drafter for in the next step (0: take a plain step). ``price`` is
+        what the drafter says one more token costs it here, in seconds
+        (:meth:`specdec.drafting.drafter.Drafter.token_cost`, asked by the engine): 0 for free
+        tokens."""
 
     def choose(self, draft: Draft, context: int = 0) -> int:
         """How many of ``draft``'s tokens to verify (default: all of them); ``context`` is the

@@ -17,7 +17,7 @@ class FixedK(DraftPolicy):
             raise SpecdecError(f"the number of draft tokens must be a whole number >= 1, got {k}")
         self.k = k
 
-    def max_k(self, tokens=()) -> int:
+    def max_k(self, price: float = 0.0) -> int:
         return self.k
 
 
