@@ -73,3 +73,20 @@ def test_a_drafter_of_only_these_hooks_runs_through_generate_with_plain_greedy_t
         i += 1
         context += len(step.emitted)
     assert i == len(calls) - 1
+
+
+def test_what_a_registered_drafter_or_policy_does_is_a_property_of_its_entry_not_its_name():
+    """Plain decoding is the drafter that does not draft, and the adaptive policy the one that reads
+    the cost curve: a drafter registered under a new name drafts and is a bench method unedited."""
+    from specdec.bench.methods import method_forms
+    from specdec.drafters.base import NoDrafter
+    from specdec.registry import DRAFTERS, POLICIES, drafter
+
+    assert [entry.name for entry in DRAFTERS if not entry.drafts] == ["none"] and not NoDrafter().drafts
+    assert [entry.name for entry in POLICIES if entry.uses_costs] == ["adaptive"]
+    drafter("contract-test", "a test drafter")(lambda request: Recording([], 1))
+    try:
+        assert DRAFTERS.get("contract-test").drafts and Recording([], 1).drafts
+        assert any(form.startswith("contract-test[") for form in method_forms())
+    finally:
+        DRAFTERS.remove("contract-test")

@@ -196,15 +196,14 @@ class Model:
         config = DecodeConfig.of(opts, self.eos_token_ids, stops.hit if stops else None, record=trace)
         made = drafter_obj or self.drafter(opts.drafter, draft_model, opts, tenant=tenant)
         try:
-            chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.name != "none" else FixedK(1)
+            # Plain decoding has no draft lengths to choose: one plain step at a time.
+            chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.drafts else FixedK(1)
             backend = pool.take()
             try:
-                run = DecodeRun(backend, ids, config, made, chosen, release=pool.give)
+                return DecodeRun(backend, ids, config, made, chosen, release=pool.give, options=opts)
             except BaseException:
                 pool.give(backend)
                 raise
-            run.options = opts
-            return run
         except BaseException:
             made.close()
             raise

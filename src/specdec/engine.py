@@ -11,7 +11,7 @@ import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from specdec import tree as trees
 from specdec.backends.base import Backend
@@ -75,12 +75,15 @@ class DecodeRun:
     (streaming), or call :meth:`run`. The result accumulates in :attr:`result`.
 
     ``release`` is called with the target backend when the run ends (finished, failed, or its
-    iterator closed), and the drafter is closed then too.
+    iterator closed), and the drafter is closed then too. ``options`` are the generation options
+    the run was made from, kept for its readers (stop strings for the text); the engine itself
+    reads only ``config``.
     """
 
     def __init__(self, target: Backend, prompt: Sequence[int], config: DecodeConfig,
                  drafter: Drafter | None = None, policy: DraftPolicy | None = None,
-                 release: Callable[[Backend], None] | None = None) -> None:
+                 release: Callable[[Backend], None] | None = None,
+                 options: GenerationOptions | None = None) -> None:
         self.prompt = check_token_ids(prompt, target.vocab_size)
         limit = target.max_length
         if limit is not None and len(self.prompt) + config.max_new_tokens > limit:
@@ -94,7 +97,7 @@ class DecodeRun:
         self.sampler = Sampler(config.sampling, config.verify)
         self.result = Generation(seed=None if config.sampling.greedy else self.sampler.seed)
         self.done = False
-        self.options: Any = None  # the GenerationOptions it was started with (set by the API)
+        self.options = options
         self._release = release
         self._started = False
         self._closed = False

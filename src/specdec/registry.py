@@ -112,6 +112,9 @@ class DrafterEntry:
     # Raises SpecdecError (saying how to get it) where an optional build the drafter needs is
     # missing; None: always available.
     available: Callable[[], Any] | None = None
+    # False for plain decoding (it never proposes): a bench offers it as ``plain``, and a tree or a
+    # draft-length policy means nothing with it.
+    drafts: bool = True
 
     def missing(self) -> str | None:
         """Why this drafter cannot run on this machine (its optional build is absent); None if it can."""
@@ -128,14 +131,16 @@ DRAFTERS: Registry[DrafterEntry] = Registry("drafter", "specdec.drafters")
 
 
 def drafter(name: str, help: str, *, needs_draft_model: bool = False, same_vocabulary: bool = False,
-            order: int = 50, options: Sequence[Any] = (), available: Callable[[], Any] | None = None):
+            order: int = 50, options: Sequence[Any] = (), available: Callable[[], Any] | None = None,
+            drafts: bool = True):
     """Register the decorated ``build(request) -> Drafter`` function under ``name``; ``options``
     (:class:`specdec.options.Option`) are the drafter's own, offered by every front end;
-    ``available()`` raises where an optional build the drafter needs is missing."""
+    ``available()`` raises where an optional build the drafter needs is missing; ``drafts=False``
+    for plain decoding."""
     def register(build: Callable[[DraftRequest], Any]):
         own = tuple(replace(o, owner=name) for o in options)
         DRAFTERS.add(name, DrafterEntry(name, help, build, needs_draft_model, order, same_vocabulary, own,
-                                        available))
+                                        available, drafts))
         return build
     return register
 
@@ -155,15 +160,19 @@ class PolicyEntry:
     help: str
     build: Callable[[PolicyRequest], Any]  # -> specdec.policies.base.DraftPolicy
     order: int = 50
+    # It reads the target's measured cost curve (``PolicyRequest.costs``): a server measures the
+    # curve before its first request rather than during it.
+    uses_costs: bool = False
 
 
 POLICIES: Registry[PolicyEntry] = Registry("policy", "specdec.policies")
 
 
-def policy(name: str, help: str, *, order: int = 50):
-    """Register the decorated ``build(request) -> DraftPolicy`` function under ``name``."""
+def policy(name: str, help: str, *, order: int = 50, uses_costs: bool = False):
+    """Register the decorated ``build(request) -> DraftPolicy`` function under ``name``;
+    ``uses_costs`` where it reads the measured cost curve."""
     def register(build: Callable[[PolicyRequest], Any]):
-        POLICIES.add(name, PolicyEntry(name, help, build, order))
+        POLICIES.add(name, PolicyEntry(name, help, build, order, uses_costs))
         return build
     return register
 

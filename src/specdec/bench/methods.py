@@ -31,7 +31,7 @@ def method_forms() -> list[str]:
     core = [o for o in _spec_options() if o.owner is None]
     ours = ["plain"]
     for entry in DRAFTERS:
-        if entry.name == "none":
+        if not entry.drafts:  # plain decoding: the form "plain"
             continue
         own = [o for o in entry.options if o.bench and o.scope == "generation"]
         ours.append(entry.name + (":ALIAS" if entry.needs_draft_model else "")
@@ -133,7 +133,7 @@ def our_options(spec: str, base: GenerationOptions,
         options = option_forms.from_spec(values, base.with_(drafter=entry.name))
     except SpecdecError as exc:
         raise SpecdecError(f"method {spec!r}: {exc}") from None
-    if entry.name == "none" and options.tree:
+    if not entry.drafts and options.tree:
         raise SpecdecError(f"method {spec!r}: plain decoding drafts nothing to branch")
     return options, (words[0] if words else None)
 

@@ -16,11 +16,12 @@ class NoDrafter(Drafter):
     """Plain autoregressive decoding: never proposes anything."""
 
     name = "none"
+    drafts = False
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         return Draft([])
 
 
-@drafter("none", "plain decoding, one target forward per token (the baseline)", order=0)
+@drafter("none", "plain decoding, one target forward per token (the baseline)", order=0, drafts=False)
 def _build_none(request: DraftRequest) -> Drafter:
     return NoDrafter()

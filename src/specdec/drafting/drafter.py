@@ -34,6 +34,9 @@ class Drafter(ABC):
     """Proposes draft tokens; see :class:`specdec.types.Draft` for the contract on ``q``."""
 
     name: str = "drafter"
+    # False for a drafter that never proposes (plain decoding): a generation with it needs no
+    # draft-length policy, and a bench offers it as ``plain``, not as a drafter.
+    drafts: bool = True
     sampler: Sampler | None = None
 
     @property

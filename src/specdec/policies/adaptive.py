@@ -94,6 +94,6 @@ class AdaptiveK(DraftPolicy):
 
 
 @policy("adaptive", "verify only the draft prefix that pays on this machine's measured cost curve, "
-                    f"at most K tokens (default K: {DEFAULT_K})", order=10)
+                    f"at most K tokens (default K: {DEFAULT_K})", order=10, uses_costs=True)
 def _build_adaptive(request: PolicyRequest) -> AdaptiveK:
     return AdaptiveK(request.costs(), DEFAULT_K if request.num_draft is None else request.num_draft)

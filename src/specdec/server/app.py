@@ -24,6 +24,7 @@ from specdec.loaded import LoadedModel
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
+from specdec.registry import POLICIES
 from specdec.server.errors import ApiError, BodyLimit, install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai import FINISH, Answer, sse
@@ -63,7 +64,7 @@ class Server:
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
         defaults = self.config.defaults
-        if defaults.policy == "adaptive":
+        if POLICIES.get(defaults.policy).uses_costs:
             self.model.loaded.cost_model()
         self.model.generate("Hello", options=defaults.with_(max_new_tokens=2), draft_model=self.draft_model)
 
