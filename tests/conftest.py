@@ -85,6 +85,19 @@ class FakeCosts:
         before, self._costs = self._costs, costs
         return before
 
+    @contextlib.contextmanager
+    def learning_as(self, learned, costs):
+        """As :meth:`specdec.loaded.LoadedModel.learning_as`."""
+        from specdec.loaded import Held
+
+        before = getattr(self, "learned", None), self.use_costs(costs)
+        self.learned, held = learned, Held(learned, costs)
+        try:
+            yield held
+        finally:
+            held.costs = self.use_costs(before[1])
+            self.learned = before[0]
+
 
 def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int = 20, low: int = 0) -> int:
     """Rollback checked exactly, on any backend and CPU.

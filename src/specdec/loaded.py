@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from specdec.backends.base import Backend, BatchedSequences
@@ -86,6 +88,14 @@ def eos_ids(*sources) -> frozenset[int]:
     return frozenset(ids)
 
 
+@dataclass
+class Held:
+    """What a model generated with inside :meth:`LoadedModel.learning_as`, as it ended."""
+
+    learned: Learned
+    costs: CostModel | None
+
+
 class LoadedModel:
     """A loaded model: per-sequence backends over its weights (pooled, or stepped together once
     :meth:`enable_batching` ran), its text codec and end ids, its cost curve (measured once per
@@ -109,7 +119,7 @@ class LoadedModel:
         self.kernel_tuning = None  # set by specdec.Model.from_hf(tune_kernels=True): .undo() restores
         self.memory: NgramMemory | None = None  # earlier outputs for the n-gram drafters (enable_memory)
         self.batched: BatchedSequences | None = None  # once enable_batching ran
-        self.learned = Learned()  # what drafters learned on this model, by slot (a bench swaps it per method)
+        self.learned = Learned()  # what drafters learned on this model, by slot (see learning_as)
         self._batched_factory = batched
         self._forget_prompts = forget_prompts
         self._costs: CostModel | None = None
@@ -223,6 +233,21 @@ class LoadedModel:
         with self._costs_lock:
             before, self._costs = self._costs, costs
         return before
+
+    @contextmanager
+    def learning_as(self, learned: Learned, costs: CostModel | None) -> Iterator[Held]:
+        """Generate with ``learned`` and the cost curve ``costs`` (None: measured or loaded on first
+        use) in place of this model's own, which are put back after. A benchmark runs each method
+        on its own: a table primed by another method's pass over the same question would be a
+        second pass, not an unseen prompt. Yields them as they end (learned into, the curve refined
+        or measured meanwhile)."""
+        before = self.learned, self.use_costs(costs)
+        self.learned, held = learned, Held(learned, costs)
+        try:
+            yield held
+        finally:
+            held.costs = self.use_costs(before[1])
+            self.learned = before[0]
 
     def cost_model(self) -> CostModel:
         """This model's forward cost by number of new tokens (measured once per machine, cached)."""

@@ -16,6 +16,7 @@ from specdec.compare import spread
 from specdec.context import Learned
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
+from specdec.loaded import Held
 from specdec.stats import GenerationStats
 
 
@@ -110,10 +111,9 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     warmup = model.encode(WARMUP_PROMPT, chat=chat)
 
     def run_as(method: Method, state: Learned, curve: CostModel | None, ids: list[int], n: int,
-               seed_i: int | None, question: Question | None = None) -> RunResult | None:
-        model.loaded.learned = state
-        model.loaded.use_costs(curve)
-        return attempt(method, ids, n, seed_i, question)
+               seed_i: int | None, question: Question | None = None) -> tuple[RunResult | None, Held]:
+        with model.loaded.learning_as(state, curve) as held:
+            return attempt(method, ids, n, seed_i, question), held
 
     for method in list(bench.methods):
         run_as(method, learned[method.name], costs[method.name], warmup, min(4, max_new_tokens), seed)
@@ -134,13 +134,13 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
                     continue
                 seed_i = None if seed is None else seed + i
                 if r == 0:  # this round's state goes on to the next question
-                    result = run_as(method, learned[method.name], costs[method.name], ids, max_new_tokens, seed_i,
-                                    questions[i])
-                    learned[method.name], costs[method.name] = model.loaded.learned, model.loaded.use_costs(None)
+                    result, held = run_as(method, learned[method.name], costs[method.name], ids, max_new_tokens,
+                                          seed_i, questions[i])
+                    learned[method.name], costs[method.name] = held.learned, held.costs
                 else:
                     state, curve = before[method.name]
-                    result = run_as(method, snapshot(state), copy.deepcopy(curve), ids, max_new_tokens, seed_i,
-                                    questions[i])
+                    result, _ = run_as(method, snapshot(state), copy.deepcopy(curve), ids, max_new_tokens, seed_i,
+                                       questions[i])
                 if result is not None:
                     every[method.name].append(result)
                     spent[method.name] = spent.get(method.name, 0.0) + result.wall_s
