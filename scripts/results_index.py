@@ -43,7 +43,8 @@ FOLDERS: dict[str, tuple[str, str, str]] = {
     "replay-repair": ("the repair loop's recorded answers replayed, the window rule before and after",
                       TUNING, "Benchmarks"),
     "policy-ablation": ("the adaptive policy's parts switched off one at a time in replays of recorded answers, "
-                        "before and after its simplification (run.sh, the ablated policy in intermediate/)", TUNING,
+                        "before and after its simplification (run.sh, the ablated policy in intermediate/); then both in one timed "
+                        "run per workload on held-out prompts (timed.py, timed-runs/)", "tuning; timed: held-out",
                         "Drafters"),
     "heldout-inputs": ("the held-out prompts themselves (HumanEval problems 16-30, Spec-Bench's 3rd and 4th "
                        "two-turn questions), not results", HELDOUT, "Benchmarks"),

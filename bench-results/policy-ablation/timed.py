@@ -7,7 +7,9 @@ arguments given, e.g.
         --questions humaneval-edit:bench-results/heldout-inputs/humaneval-p8-15.jsonl --limit 8 \
         --max-new-tokens 400 --methods plain,ngram,ngram:policy=adaptive-before --out OUT
 
-It runs against the policy interface of commit ee462ad (the engine's calls to a policy changed after).
+Since commit 9e5bc04 the engine hands the drafter's price to ``max_k``; the earlier policy asked the
+drafter itself, so here it plans no priced draft: compare it with free drafters (price 0, as the
+n-gram drafter) only, as the runs in timed-runs/ do.
 """
 
 from __future__ import annotations
