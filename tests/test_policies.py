@@ -179,7 +179,7 @@ def test_one_slow_forward_moves_the_estimate_only_a_little():
 def test_the_adaptive_policy_feeds_its_forward_times_to_the_cost_model():
     costs = CostModel({1: 1.0, 2: 1.8})
     policy = AdaptiveK(costs)
-    policy.observe(1, 1, 1.0 * 1.2, context=100)
+    policy.observe(1, 1, 1.0 * 1.2)
     assert costs.observations == 1 and costs.ratio(2) < 1.8
 
 

@@ -186,7 +186,7 @@ class DecodeRun:
             # A draft that priced its own verification was not a plain forward of its length: no
             # point on the forward-cost curve.
             timed = t2 - t1 if draft.verify_cost is None else 0.0
-            self.policy.observe(len(draft), verdict.num_accepted, timed, base)
+            self.policy.observe(len(draft), verdict.num_accepted, timed)
             kind = "bonus" if verdict.bonus else ("correction" if len(draft) else "plain")
             step = StepTrace(position, draft.tokens, min(verdict.num_accepted, len(emitted)), emitted, kind,
                              (t1 - t0) + (t3 - t2), t2 - t1, proposed=draft.proposed or 0, draft_forwards=draft.forwards,
@@ -211,7 +211,7 @@ class DecodeRun:
         draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
         if draft.is_tree and not self.target.supports_tree:
             draft = draft.subset(best_path(draft))
-        return draft.truncated(self.policy.choose(draft, len(tokens))) if draft.tokens else draft
+        return draft.truncated(self.policy.choose(draft)) if draft.tokens else draft
 
     def _finished(self, token: int) -> bool:
         res = self.result

@@ -45,7 +45,7 @@ class AdaptiveK(DraftPolicy):
         d = self._step_cost = price
         return self.plan.length(d, self.costs.step) if d > 0 else self.k
 
-    def choose(self, draft: Draft, context: int = 0) -> int:
+    def choose(self, draft: Draft) -> int:
         """Leading draft nodes to verify (0: a plain step pays best)."""
         confidence = self.calibration.scaled(draft.confidence) if draft.confidence else [self.acceptance] * len(draft)
         parents = draft.parents if draft.parents is not None else chain(len(draft))
@@ -80,7 +80,7 @@ class AdaptiveK(DraftPolicy):
         now = expected / (n * d + self.costs.step(n + 1))
         return (expected + survival * confidence[-1]) / ((n + 1) * d + self.costs.step(n + 2)) <= now
 
-    def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         # The first one-row forward after the prefill pays a shape change no draft caused.
         if seconds > 0 and not (self._last is None and drafted == 0):
             self.costs.observe(drafted + 1, seconds, after=self._last)

@@ -21,15 +21,14 @@ class DraftPolicy(ABC):
         (:meth:`specdec.drafting.drafter.Drafter.token_cost`, asked by the engine): 0 for free
         tokens."""
 
-    def choose(self, draft: Draft, context: int = 0) -> int:
-        """How many of ``draft``'s tokens to verify (default: all of them); ``context`` is the
-        number of tokens already in the target's cache (forwards cost more as it grows)."""
+    def choose(self, draft: Draft) -> int:
+        """How many of ``draft``'s tokens to verify (default: all of them)."""
         return len(draft)
 
     def stop_drafting(self, confidence: list[float]) -> bool:
         """Whether a drafter that pays per token should stop after these (default: never)."""
         return False
 
-    def observe(self, drafted: int, accepted: int, seconds: float, context: int = 0) -> None:
+    def observe(self, drafted: int, accepted: int, seconds: float) -> None:
         """Feedback after each verification of ``drafted`` tokens (``seconds`` for the forward of
-        ``drafted + 1`` tokens on a cache of ``context`` tokens)."""
+        ``drafted + 1`` tokens; the target's cost model knows how the context's length weighs)."""
