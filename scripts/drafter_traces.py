@@ -34,6 +34,7 @@ SAMPLING = {"greedy": {}, "rejection": {"temperature": 0.8, "top_p": 0.95, "seed
 def record(out: Path, tokens: int) -> None:
     import specdec
     from specdec.bench.questions import load_questions
+    from specdec.context import Learned
     from specdec.registry import DRAFTERS
 
     prompts = []
@@ -49,6 +50,11 @@ def record(out: Path, tokens: int) -> None:
             extra = {"draft_model": draft} if entry.needs_draft_model else {}
             for policy in ("fixed", "adaptive"):
                 for mode, sampling in SAMPLING.items():
+                    # Each configuration learns from scratch: drafters share tables (the recycle
+                    # drafter reads the n-gram drafter's), and what an adaptive run learned follows
+                    # its timing, which would leak into the deterministic runs after it.
+                    for loaded in (model.loaded, draft.loaded):
+                        loaded.learned = Learned()
                     for q in prompts:
                         key = f"{backend}|{entry.name}|{policy}|{mode}|{q.question_id}"
                         try:
