@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from specdec.backends.toy import ToyLM
 from specdec.engine import DecodeConfig, decode
+from specdec.loaded import LoadedModel
 from specdec.drafters.base import Drafter
 from specdec.types import Draft
 
@@ -85,18 +86,9 @@ class FakeCosts:
         before, self._costs = self._costs, costs
         return before
 
-    @contextlib.contextmanager
-    def learning_as(self, learned, costs):
-        """As :meth:`specdec.loaded.LoadedModel.learning_as`."""
-        from specdec.loaded import Held
-
-        before = getattr(self, "learned", None), self.use_costs(costs)
-        self.learned, held = learned, Held(learned, costs)
-        try:
-            yield held
-        finally:
-            held.costs = self.use_costs(before[1])
-            self.learned = before[0]
+    learned = None  # what drafters learned (a fake model has none until a bench swaps some in)
+    # The real swap: it asks only for ``learned`` and ``use_costs``.
+    learning_as = LoadedModel.learning_as
 
 
 def twin_rollback_walk(make_backend: Callable, vocab: int, seed: int, steps: int = 20, low: int = 0) -> int:
