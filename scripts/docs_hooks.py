@@ -11,7 +11,9 @@ Generated parts of pages, so that nothing the code knows is copied by hand:
   (:func:`bench_tables.loadtest`);
 - ``<!-- kernels: RUN -->``: a ``scripts/kernel_costs.py`` run's table (:func:`bench_tables.kernels`);
 - ``<!-- gpu: architectures|pair|smollm2 -->``: the GPU check's tables from
-  ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`).
+  ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`);
+- ``<!-- v: FILE FIELD -->VALUE<!-- /v -->``: one number in the prose, bound to its results file and
+  field (:mod:`doc_values`), shown as its value.
 
 The committed benchmark results are also published with the site (``bench-results/``), so the
 pages can link to the raw numbers.
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_tables  # noqa: E402
+import doc_values  # noqa: E402
 import gpu_tables  # noqa: E402
 
 MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|kernels|gpu):\s*([^\s>]+)"
@@ -119,7 +122,9 @@ def _render(match: re.Match) -> str:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return MARKER.sub(_render, markdown)
+    # A value marker (``<!-- v: FILE FIELD -->1.57x<!-- /v -->``) is left as its value: the pages are
+    # checked against their results files by tests/test_doc_numbers.py, not re-rendered here.
+    return MARKER.sub(_render, doc_values.strip(markdown))
 
 
 def on_files(files, config):

@@ -98,10 +98,10 @@ def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(
     assert sum(line.startswith("|---") for line in readme.splitlines()) == 1
     assert readme_table.written(readme) == readme_table.table()
     copy = tmp_path / "checkout"
-    for _, _, folder in readme_table.ROWS:
-        shutil.copytree(ROOT / folder, copy / folder)
+    for workload in readme_table.WORKLOADS:
+        shutil.copytree(ROOT / workload.folder, copy / workload.folder)
     assert readme_table.table(copy) == readme_table.table()
-    first = copy / readme_table.ROWS[0][2] / "results.json"
+    first = copy / readme_table.WORKLOADS[0].folder / "results.json"
     results = json.loads(first.read_text())
     results["methods"]["ngram"]["overall"]["gen_tokens_per_s"] += 0.1
     first.write_text(json.dumps(results))
@@ -166,3 +166,62 @@ def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
     shutil.rmtree(copy / "qwen-humaneval")
     with pytest.raises(ValueError, match="names folders that are gone: qwen-humaneval"):
         results_index.index(copy)
+
+
+# How a page narrates the work instead of documenting the software: who ran what and when, what was
+# not done for lack of time, issue numbers, commits and dates in prose. That history lives in
+# CHANGELOG.md and bench-results/README.md; a results file records its own commit, date and machine.
+NARRATION = {
+    "an issue number": r"\bissues?\s*#?\d+|(?<![\w/&])#\d{2,}\b",
+    "lack of time": r"\black of time\b|\bnot re-?run\b|\b(?:was|were) not run\b|\bstill to be (?:re-?)?run\b|"
+                    r"\bnot investigated\b",
+    "who did what": r"\bwe (?:ran|tried|measured|found|timed|fixed|saw|did not|got|looked)\b|"
+                    r"\b(?:in|of) (?:this|that|the same) (?:session|round)\b",
+    "a run's history": r"\breported in commit\b|\bno results file kept\b|\bearlier runs?\b|\bthe run before\b|"
+                       r"\bfound late\b|\bin git history\b|\bwhen (?:they|it) (?:were|was) taken\b|"
+                       r"\bthe closing note\b|\bbefore this round\b|\bnot kept\b",
+    "a commit in prose": r"\bcommits?\s+[0-9a-f]{7,12}\b|\b(?:at|in|for|with|by) commit\b",
+    "a date": r"\b20\d\d-\d\d-\d\d\b",
+}
+
+
+def narration(text: str) -> list[str]:
+    """The narration a page's prose holds (code, comments, link targets and generated blocks aside)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import doc_values
+
+    flat = re.sub(r"\s+", " ", doc_values.prose(text))
+    return [f"{what}: ...{flat[max(0, m.start() - 50):m.end() + 50]}..."
+            for what, pattern in NARRATION.items() for m in re.finditer(pattern, flat, re.I)]
+
+
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_no_page_narrates_the_work(page):
+    """Each page documents the software as it is; the history of the work is in CHANGELOG.md."""
+    found = narration(page.read_text(encoding="utf-8"))
+    assert not found, f"{page.name} narrates the work (move it to CHANGELOG.md):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("sentence", [
+    "The 16-client level is missing (not re-run for lack of time).",
+    "What this says, against the aim of issue 35: not met.",
+    "We did not get to the bottom of it in this session.",
+    "Measured on 2026-11-25 at commit `ad4d6f2`, as reported in commit 6cb0e1b.",
+])
+def test_the_narration_check_finds_narration(sentence):
+    """Negative control: sentences the pages once held are found."""
+    assert narration(f"Some text.\n\n{sentence}\n")
+
+
+def test_every_page_opens_with_how_to_use_it():
+    """Each page of docs/ starts with what it is for and how to use it: within its first lines a
+    command, a code example or a table of where to go (the reference pages: their generated tables),
+    before any section of measurements."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        head = "\n".join(text.splitlines()[:30])
+        assert re.search(r"```|<!-- (?:registry|cli):|\| you want to \|", head), \
+            f"{page.name} does not open with how to use it"
+        first_section = re.search(r"^## (.*)$", text, re.M)
+        assert first_section is None or not re.search(r"result|measured|benchmark", first_section.group(1), re.I) \
+            or page.name == "benchmarks.md", f"{page.name} opens with measurements, not usage"
