@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test test-peers docs browser peers vllm llama-peers arctic-suffix
+.PHONY: setup demo test test-peers results docs browser peers vllm llama-peers arctic-suffix
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -89,13 +89,26 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { $(APT) update -q && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q --no-install-recommends chromium chromium-driver; }
 
+# `make test` has a budget of 15 minutes from a fresh clone on a 2-core machine, setup included: make's
+# start is handed to pytest, whose timing log (.build/test-times.json) then covers setup too, and
+# scripts/suite_time.py says where the time went and fails a full run over the budget.
+MAKE_START    := $(shell date +%s)
+TEST_BUDGET_S ?= 900
 test: setup browser
-	$(PY) -m pytest
+	SPECDEC_MAKE_START=$(MAKE_START) $(PY) -m pytest
+	$(PY) scripts/suite_time.py check --budget $(TEST_BUDGET_S)
 
 # The tests of the peers the benchmarks compare with (stock llama-server, SuffixDecoding), built
 # first; none may skip for want of its build. Run it before publishing results that cite them.
 test-peers: setup llama-peers arctic-suffix
 	SPECDEC_REQUIRE_PEERS=1 $(PY) -m pytest -m peers
+
+# The README's results table, measured: its five workloads (Qwen2.5-Coder-1.5B; specdec plain and
+# ngram beside stock llama-server plain and n-gram types, in one bench run each) at one clean commit,
+# then the table, bench-results/README.md and the pages' bound values regenerated. Under an hour on
+# 2 cores; the CPU should be otherwise idle (timings).
+results: setup llama-peers
+	$(PY) scripts/readme_results.py
 
 # The documentation site into site/ (MkDocs; mkdocs.yml): strict, so a broken link or reference fails.
 docs: setup

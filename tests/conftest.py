@@ -70,6 +70,68 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"SPECDEC_REQUIRE_PEERS=1 and a peer this test needs is missing: {report.longrepr}"
 
 
+# --- the suite's own timing log ------------------------------------------------------------------
+# Every run writes each test's setup, call and teardown seconds to .build/test-times.json, with the
+# session's wall time and, under `make test`, when make started (so setup counts): `python
+# scripts/suite_time.py report` says where the time went, and `make test` fails through `check` when
+# a full run broke the 15-minute budget.
+_TIMES: dict[str, dict[str, float]] = {}
+_OUTCOMES: dict[str, str] = {}
+_SESSION: dict[str, object] = {"deselected": 0}
+
+
+def pytest_sessionstart(session):
+    _SESSION["started"] = time.time()
+
+
+def pytest_deselected(items):
+    _SESSION["deselected"] = int(_SESSION["deselected"]) + len(items)
+
+
+def pytest_runtest_logreport(report):
+    times = _TIMES.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0})
+    times[report.when] += report.duration
+    if report.when == "call" or report.outcome != "passed":
+        _OUTCOMES[report.nodeid] = "skipped" if report.skipped else report.outcome
+
+
+def _full_run(session) -> bool:
+    """The whole suite ran: the configured test paths, no -k or -m, nothing deselected, every
+    collected test reported (no -x stop, no interruption)."""
+    config = session.config
+    from_testpaths = getattr(config, "args_source", None) == pytest.Config.ArgsSource.TESTPATHS
+    return (from_testpaths and not config.option.keyword and not config.option.markexpr
+            and not _SESSION["deselected"] and session.testscollected == len(_TIMES) and not session.shouldstop)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    import subprocess
+
+    from specdec.cpu import machine_tag
+
+    root = Path(__file__).resolve().parent.parent
+    finished = time.time()
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    make_start = os.environ.get("SPECDEC_MAKE_START")
+    outcomes = {k: sum(1 for v in _OUTCOMES.values() if v == k) for k in ("passed", "failed", "skipped")}
+    log = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(finished)), "commit": commit,
+           "machine": machine_tag(), "full_run": _full_run(session),
+           "exitstatus": int(exitstatus), "make_start": float(make_start) if make_start else None,
+           "started": _SESSION.get("started", finished), "finished": finished,
+           "wall_s": finished - float(_SESSION.get("started", finished)), "outcomes": outcomes, "tests": _TIMES}
+    path = Path(os.environ.get("SPECDEC_TEST_LOG", root / ".build" / "test-times.json"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(log, indent=0), encoding="utf-8")
+    except OSError as error:  # a read-only checkout still runs its tests
+        print(f"warning: no timing log written to {path}: {error}", file=sys.stderr)
+
+
 class FakeCosts:
     """What the bench asks of a loaded model's cost curve, for fake models: one curve, swappable."""
 

@@ -1,0 +1,64 @@
+"""The suite's 15-minute budget, checked from its own timing log (scripts/suite_time.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import suite_time  # noqa: E402
+
+
+def _log(setup_s: float, suite_s: float, full: bool = True, make: bool = True) -> dict:
+    tests = {f"tests/test_{f}.py::test_{i}": {"setup": 30.0 if i == 0 else 0.0, "call": suite_s / 40, "teardown": 0.0}
+             for f in ("a", "b") for i in range(20)}
+    return {"date": "2026-11-28 10:00 UTC", "commit": "abc", "machine": "Test CPU-avx2-2t", "full_run": full,
+            "exitstatus": 0, "make_start": 1000.0 if make else None, "started": 1000.0 + setup_s,
+            "finished": 1000.0 + setup_s + suite_s, "wall_s": suite_s,
+            "outcomes": {"passed": 40, "failed": 0, "skipped": 0}, "tests": tests}
+
+
+def test_a_full_make_test_within_its_budget_passes_and_one_over_fails():
+    assert suite_time.check(_log(setup_s=300, suite_s=590)) is None
+    broken = suite_time.check(_log(setup_s=300, suite_s=610))  # 15:10 with setup
+    assert broken and "15:10" in broken and "setup 5:00" in broken
+
+
+def test_a_partial_run_or_one_not_started_by_make_is_reported_not_judged():
+    assert suite_time.check(_log(300, 2000, full=False)) is None
+    assert suite_time.check(_log(300, 2000, make=False)) is None
+
+
+def test_the_report_says_where_the_time_went():
+    text = suite_time.report(_log(setup_s=300, suite_s=600))
+    assert "make test: 15:00 (setup 5:00, suite 10:00)" in text
+    assert "tests/test_a.py" in text and "fixture setups" in text
+    assert "30.0 s  tests/test_a.py::test_0" in text  # a slow fixture named by the test that paid for it
+
+
+def test_check_exits_nonzero_over_budget(tmp_path, capsys):
+    path = tmp_path / "times.json"
+    path.write_text(json.dumps(_log(300, 700)))
+    assert suite_time.main(["check", "--log", str(path)]) == 1
+    assert "over its budget of 15:00" in capsys.readouterr().err
+    assert suite_time.main(["check", "--log", str(path), "--budget", "1200"]) == 0
+
+
+def test_the_recorded_fresh_clone_make_test_kept_its_budget():
+    """bench-results/make-test: a fresh clone's full `make test` on a 2-core machine, setup included,
+    under 15 minutes, and its log says where the time went."""
+    path = ROOT / "bench-results" / "make-test" / "results.json"
+    if not path.exists():
+        pytest.skip("no make test run recorded yet (scripts/suite_time.py record bench-results/make-test)")
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    assert recorded["total_s"] == pytest.approx(recorded["setup_s"] + recorded["suite_s"], abs=2)
+    assert recorded["total_s"] <= recorded["budget_s"] == suite_time.BUDGET_S
+    assert recorded["outcomes"]["failed"] == 0 and recorded["outcomes"]["passed"] > 700
+    assert recorded["machine"].endswith("-2t")
+    assert sum(recorded["files_s"].values()) <= recorded["suite_s"]
+
