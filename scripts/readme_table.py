@@ -1,8 +1,12 @@
-"""The README's one results table, generated from the results files it cites (never typed by hand).
+"""The README's one results table: its workloads, the command that runs them, and the table itself,
+generated from the results files (never typed by hand).
 
-Each row is one ``specdec bench`` run (one workload): our plain decoding and `ngram`, and stock
-llama-server's plain and best n-gram type where that run had them, in tokens per second after the
-prompt (``gen_tokens_per_s``: what speculation changes) with the end-to-end speed-up beside it.
+Each row is one ``specdec bench`` run of one workload on Qwen2.5-Coder-1.5B: our plain decoding and
+`ngram`, and stock llama-server's plain decoding and its best n-gram type in the same run, in tokens
+per second after the prompt (``gen_tokens_per_s``: what speculation changes) with the speed-ups
+beside them. ``make results`` runs every workload at one clean commit (``scripts/readme_results.py``)
+and writes the table; the prompts of each row (held out from tuning or not), the commit and the
+machine are read from the runs' own records.
 
     python scripts/readme_table.py            # print the table
     python scripts/readme_table.py --write    # put it into README.md between its markers
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_tables import load
@@ -21,20 +26,62 @@ from bench_tables import load
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results-table: begin -->", "<!-- results-table: end -->"
 PEER_PLAIN = "llama-server-plain"
+HELDOUT = "bench-results/heldout-inputs/"
+MODEL = "qwen2.5-coder-1.5b"
+# Our methods, and llama-server's plain decoding and the n-gram types that led on these workloads
+# before (its best per workload is the row's; the others stay in results.json).
+METHODS = ("plain", "ngram", PEER_PLAIN, "llama-server-ngram-simple", "llama-server-ngram-mod")
 
-# (workload, what it ran on, results folder): the current run of each workload.
-ROWS = (
-    ("editing", "8 held-out functions, 400 tokens", "bench-results/qwen-heldout-edit-dip"),
-    ("agent repair loop", "8 held-out problems, tests between turns", "bench-results/qwen-heldout-repair-dip-rerun"),
-    ("two-turn chats", "16 held-out conversations", "bench-results/qwen-heldout-2turn-peers-dip"),
-    ("Spec-Bench", "13 categories x 4 questions", "bench-results/qwen-spec-bench-dip"),
-    ("HumanEval", "12 problems to complete", "bench-results/qwen-humaneval"),
+
+@dataclass(frozen=True)
+class Workload:
+    """One row: what it is called, what it asks, where its results go, and the bench's arguments."""
+
+    name: str
+    what: str
+    folder: str
+    questions: str
+    limit: int
+    max_new_tokens: int
+    repeats: int = 1
+
+    def command(self) -> list[str]:
+        """The ``specdec bench`` command of this row (``make results`` runs it)."""
+        return ["specdec", "bench", "--model", MODEL, "--backend", "llamacpp", "--questions", self.questions,
+                "--limit", str(self.limit), "--max-new-tokens", str(self.max_new_tokens),
+                "--repeats", str(self.repeats), "--methods", ",".join(METHODS), "--out", self.folder]
+
+
+# Sized so that the five runs take under an hour on a 2-core machine, peers included.
+WORKLOADS = (
+    Workload("editing", "functions to return with one change", "bench-results/readme-editing",
+             f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400),
+    Workload("agent repair loop", "problems to solve, tests between turns", "bench-results/readme-repair",
+             f"humaneval-repair:{HELDOUT}humaneval-p8-15.jsonl", 8, 256),
+    Workload("two-turn chats", "conversations", "bench-results/readme-2turn",
+             f"spec-bench-2turn:{HELDOUT}spec-bench-2turn-q3q4.jsonl", 1, 256),
+    Workload("Spec-Bench", "questions, 2 of each of 13 categories", "bench-results/readme-spec-bench",
+             "spec-bench", 2, 256),
+    Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256),
 )
 
 
+def prompts(results: dict) -> str:
+    """Which prompts a run used, from its record: ``held-out`` (a file of bench-results/heldout-inputs,
+    prompts no tuning looked at) or ``tuning`` (the shipped sets the drafters and policy were tuned
+    on). Runs recorded before results.json named its prompts are read from their command."""
+    asked = results.get("questions")
+    if not isinstance(asked, str):  # older runs: the command says
+        asked = None
+        found = re.search(r"--questions\s+(\S+)", results.get("command", ""))
+        asked = found.group(1) if found else None
+    if asked is None:
+        return "not recorded"
+    return "held-out" if HELDOUT in asked or "heldout-inputs/" in asked else "tuning"
+
+
 def _rate(method: dict) -> str:
-    o = method["overall"]
-    return f"{o['gen_tokens_per_s']:.1f}"
+    return f"{method['overall']['gen_tokens_per_s']:.1f}"
 
 
 def _with_speedup(method: dict) -> str:
@@ -43,32 +90,43 @@ def _with_speedup(method: dict) -> str:
     return f"{o['gen_tokens_per_s']:.1f} ({o['gen_speedup']:.2f}x; {o['speedup']:.2f}x{mark})"
 
 
+def best_peer(methods: dict) -> str | None:
+    """llama-server's n-gram type with the most tokens per second after the prompt in this run."""
+    peers = {n: m for n, m in methods.items() if n.startswith("llama-server-") and n != PEER_PLAIN}
+    return max(peers, key=lambda n: peers[n]["overall"]["gen_tokens_per_s"], default=None)
+
+
 def table(root: Path = ROOT) -> str:
-    """The table with its caption: metric, machine, dates and commits read from the files."""
-    lines = ["| workload | specdec plain | specdec `ngram` | llama-server plain | llama-server best n-gram type |",
-             "|---|---:|---:|---:|---:|"]
-    machines, dates, identical = set(), set(), True
-    for workload, what, folder in ROWS:
-        results = load(root / folder)
+    """The table with its caption: metric, machine, commit and prompts read from the files."""
+    lines = ["| workload | prompts | specdec plain | specdec `ngram` | llama-server plain | "
+             "llama-server's best n-gram type |",
+             "|---|---|---:|---:|---:|---:|"]
+    machines, commits, dates, identical = set(), set(), set(), True
+    for w in WORKLOADS:
+        results = load(root / w.folder)
         methods = results["methods"]
         machines.add(results.get("cpu", "?"))
+        commits.add(results.get("commit") or "?")
         dates.add(results.get("date", "?")[:10])
         identical &= all(m["overall"].get("identical") is not False for n, m in methods.items()
                          if not n.startswith("llama-server-"))
-        peers = {n: m for n, m in methods.items() if n.startswith("llama-server-") and n != PEER_PLAIN}
-        best = max(peers, key=lambda n: peers[n]["overall"]["gen_tokens_per_s"], default=None)
+        best = best_peer(methods)
+        count = len(results.get("question_ids") or []) or results.get("limit")
         lines.append(
-            f"| [{workload}]({folder}/results.json) ({what}; `{results.get('commit') or '?'}`) | "
+            f"| [{w.name}]({w.folder}/results.json) | {count} {prompts(results)} {w.what} | "
             f"{_rate(methods['plain'])} | {_with_speedup(methods['ngram'])} | "
             f"{_rate(methods[PEER_PLAIN]) if PEER_PLAIN in methods else 'not in this run'} | "
-            f"{f'`{best[len(PEER_PLAIN) - 5:]}` ' + _with_speedup(peers[best]) if best else 'not in this run'} |")
+            f"{f'`{best[len(PEER_PLAIN) - 5:]}` ' + _with_speedup(methods[best]) if best else 'not in this run'} |")
+    commit = ", ".join(f"`{c}`" for c in sorted(commits))
     caption = (f"Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) on llama.cpp, greedy, {', '.join(sorted(machines))}, "
-               f"{' to '.join(sorted(dates)[::max(1, len(dates) - 1)])}. **Tokens per second after the prompt** "
-               "(`gen_tokens_per_s`), in brackets the speed-up after the prompt and end to end (prompt "
-               "included) over the same server's plain decoding; "
+               f"commit {commit}, {' to '.join(sorted(dates)[::max(1, len(dates) - 1)])} (`make results`). "
+               "**Tokens per second after the prompt** (`gen_tokens_per_s`), in brackets the speed-up after the "
+               "prompt and end to end (prompt included) over the same server's plain decoding; "
                + ("every specdec answer identical to plain decoding's. " if identical else
                   "**some specdec answers differ from plain decoding's** (see the results files). ")
-               + "Each workload links its `results.json` (its command inside); the commit it ran at beside it.")
+               + "*Held-out* prompts are ones no tuning looked at (`bench-results/heldout-inputs`), *tuning* "
+               "prompts the shipped sets the drafter and policy were tuned on. Each workload links its "
+               "`results.json`, its command inside.")
     return caption + "\n\n" + "\n".join(lines) + "\n"
 
 
@@ -80,19 +138,23 @@ def written(readme: str) -> str:
     return match.group(1)
 
 
+def write(root: Path = ROOT) -> None:
+    """Put the table into ``root``'s README.md between its markers."""
+    path = root / "README.md"
+    readme = path.read_text(encoding="utf-8")
+    written(readme)  # the markers must be there
+    block = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+    path.write_text(block.sub(lambda _: f"{BEGIN}\n{table(root)}{END}", readme, count=1), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="put the table into README.md")
     args = parser.parse_args(argv)
-    text = table()
     if args.write:
-        path = ROOT / "README.md"
-        readme = path.read_text(encoding="utf-8")
-        written(readme)  # the markers must be there
-        block = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
-        path.write_text(block.sub(lambda _: f"{BEGIN}\n{text}{END}", readme, count=1), encoding="utf-8")
+        write()
     else:
-        print(text)
+        print(table())
     return 0
 
 

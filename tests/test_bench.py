@@ -38,6 +38,9 @@ def test_tiny_bench_writes_results_and_plots(capsys, tmp_path, tiny_model_dir, q
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     assert results["model"] == str(tiny_model_dir) and results["backend"] == "transformers"
+    # the prompts as asked and as loaded (the results index reads them from here)
+    assert results["questions"] == str(questions) and results["limit"] == 2
+    assert results["question_ids"] == [1, 2, 4, 5]
     assert list(results["methods"]) == ["plain", "ngram", "ngram:k=2:policy=fixed", "hf-plain", "hf-lookup"]
     for name, r in results["methods"].items():
         assert set(r) >= {"overall", "categories"}

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     results: dict = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "exact": model.exact,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                      "repeats": args.repeats, "min_seconds": args.min_seconds, "cpu": machine_tag(),
+                     # the prompts, as asked and as loaded: the results index reads which set (held out
+                     # from tuning or not) from here
+                     "questions": args.questions, "categories": args.categories, "limit": args.limit,
+                     "question_ids": [q.question_id for q in questions],
                      **provenance(), "methods": {}}
     if methods:
         bench, results["methods"] = _run(model, methods, questions, args, console)
