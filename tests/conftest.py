@@ -58,6 +58,25 @@ class ScriptDrafter(Drafter):
         return Draft(nxt)
 
 
+@pytest.fixture(autouse=True)
+def _toy_models_on_one_torch_thread(request):
+    """Toy and tiny models run their torch ops on one thread; real models (marked ``real`` or
+    ``gpu``) keep the machine's threads. A tiny op split over threads costs far more than it computes:
+    on a 2-vCPU virtual machine waking the second thread takes milliseconds, so a softmax over 3 rows
+    of 4 took 8 ms with two threads against 3 us with one, and the statistical tests of sampling,
+    thousands of tiny decodes each, ran minutes instead of seconds. What a test asserts does not
+    depend on it: every row of those ops is computed by one thread either way."""
+    if request.node.get_closest_marker("real") or request.node.get_closest_marker("gpu"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under ``make test-peers`` (SPECDEC_REQUIRE_PEERS=1) a test that needs a peer fails where it
@@ -301,6 +320,25 @@ def tiny_other_vocab_dir(tmp_path_factory) -> Path:
     """A tiny model whose tokenizer differs from ``tiny_model_dir``'s."""
     return _save_tiny_model(tmp_path_factory.mktemp("tiny-b"), ["completely different text " * 5,
                                                                  "zebra yak xylophone"], seed=3)
+
+
+@pytest.fixture(scope="session")
+def shared_model():
+    """Real models loaded once for the whole run, for the tests that only generate with them:
+    ``shared_model(name, backend)``. What a test leaves behind (learned acceptance tables, the
+    recycled table, cached prompts) changes how fast a later generation is, never its tokens; a test
+    that counts cached prompt tokens forgets the prompts first (``model.loaded.forget_prompts()``),
+    and one that changes a load's options or the environment before loading loads its own."""
+    import specdec
+
+    loaded: dict[tuple[str, str], object] = {}
+
+    def get(name: str, backend: str = "llamacpp"):
+        if (name, backend) not in loaded:
+            loaded[name, backend] = specdec.load(name, backend=backend)
+        return loaded[name, backend]
+
+    return get
 
 
 @pytest.fixture(scope="module")

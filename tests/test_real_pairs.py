@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import specdec
-
 pytestmark = pytest.mark.real
 
 PROMPT = ("Summarize: The city council met on Monday to discuss the new park. The park will have a "
@@ -14,8 +12,9 @@ PROMPT = ("Summarize: The city council met on Monday to discuss the new park. Th
 
 
 @pytest.fixture(scope="module")
-def models():
-    return {name: specdec.load(name) for name in ("gemma3-270m", "smollm2-135m")}
+def models(shared_model):
+    """The two models as tests/test_real_models.py loaded them (once for the run)."""
+    return {name: shared_model(name, "transformers") for name in ("gemma3-270m", "smollm2-135m")}
 
 
 @pytest.mark.parametrize("target, draft", [("gemma3-270m", "smollm2-135m"), ("smollm2-135m", "gemma3-270m")])
