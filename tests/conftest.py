@@ -65,16 +65,22 @@ def _toy_models_on_one_torch_thread(request):
     on a 2-vCPU virtual machine waking the second thread takes milliseconds, so a softmax over 3 rows
     of 4 took 8 ms with two threads against 3 us with one, and the statistical tests of sampling,
     thousands of tiny decodes each, ran minutes instead of seconds. What a test asserts does not
-    depend on it: every row of those ops is computed by one thread either way."""
+    depend on it: every row of those ops is computed by one thread either way. Subprocesses the test
+    starts (the CLI, the GPU check at toy size) inherit one thread through OMP_NUM_THREADS."""
     if request.node.get_closest_marker("real") or request.node.get_closest_marker("gpu"):
         yield
         return
-    before = torch.get_num_threads()
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     try:
         yield
     finally:
         torch.set_num_threads(before)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
 
 
 @pytest.hookimpl(hookwrapper=True)
