@@ -30,6 +30,11 @@ LLAMA_VERSION    := 0.3.36
 LLAMA_SDIST      := .build/sdist/llama_cpp_python-$(LLAMA_VERSION).tar.gz
 LLAMA_SRC        := .build/llama-cpp-python
 LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
+# Without AMX's tile kernels: exact decoding caps weights in AMX buffers at one row a micro-batch
+# (the self-test cannot vouch for its tiles), and on some Sapphire Rapids VMs that list AMX, its
+# kernels stop the process with an illegal instruction. GCC keeps explicit -mno-* flags over
+# -march=native's (CMake takes CFLAGS and CXXFLAGS from the environment).
+NO_AMX           := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
 # the local CPU wheel; an unpinned torch would resolve to a CUDA build.
@@ -61,7 +66,7 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 LLAMA_WHEELS := .build/wheels
 $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 	rm -rf $(LLAMA_WHEELS) && mkdir -p $(LLAMA_WHEELS)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" python3 -m pip wheel -q --disable-pip-version-check \
+	CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" python3 -m pip wheel -q --disable-pip-version-check \
 	  --no-cache-dir --no-deps -w $(LLAMA_WHEELS) ./$(LLAMA_SRC)
 	touch $@
 

@@ -22,6 +22,7 @@ from specdec.backends.hf_static import BUCKETS, MIN_CAPACITY, HFStaticBackend, S
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, decode
+from specdec.errors import SpecdecError
 from specdec.policies.fixed import FixedK
 from specdec.registry import DRAFTERS
 
@@ -195,9 +196,33 @@ def test_a_compiler_that_fails_leaves_eager_kernels_and_says_so(monkeypatch, cap
         return fail
 
     monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(cuda_graphs, "_compile_state", {"fallback": False, "compiled_ran": False})
     run = cuda_graphs.compiled(lambda x: x + 1, torch.device("cpu"), enabled=True)
     assert run(1) == 2 and run(2) == 3 and run.state["fallback"]
     assert capsys.readouterr().err.count("torch.compile failed (RuntimeError: no compiler here)") == 1
+    # One kernel choice per process: every step compiled after it stays eager too.
+    later = cuda_graphs.compiled(lambda x: x * 2, torch.device("cpu"), enabled=True)
+    assert later(4) == 8 and not capsys.readouterr().err
+
+
+def test_a_compiler_that_fails_after_compiled_steps_ran_is_an_error(monkeypatch):
+    """Falling back then would leave two sequences on different kernels (rounding differently)."""
+    calls = {"n": 0}
+
+    def flaky(function, **kwargs):
+        def run(*args, **kw):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                raise RuntimeError("out of compiler")
+            return function(*args, **kw)
+        return run
+
+    monkeypatch.setattr(torch, "compile", flaky)
+    monkeypatch.setattr(cuda_graphs, "_compile_state", {"fallback": False, "compiled_ran": False})
+    run = cuda_graphs.compiled(lambda x: x + 1, torch.device("cpu"), enabled=True)
+    assert run(1) == 2
+    with pytest.raises(SpecdecError, match="after compiled kernels ran in this process; SPECDEC_COMPILE=0"):
+        run(2)
 
 
 # -- the split attention of decoding steps --------------------------------------------------------------

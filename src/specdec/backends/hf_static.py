@@ -154,6 +154,7 @@ class HFStaticBackend(HFBackend):
         self._tril: dict[int, np.ndarray] = {}
         super().__init__(model, pad_rows)
         self.pad_rows = pad_rows  # every position stays in the cache: sliding layers pad too
+        self.max_tree = pad_rows or None
 
     # -- capacity ---------------------------------------------------------------------------------
     def reserve(self, tokens: int) -> None:

@@ -55,7 +55,7 @@ class Server:
             # from its earlier answers, bounded.
             loaded.enable_memory(capacity=self.config.index_tokens)
         if self.config.batch and loaded.batched is None:
-            loaded.enable_batching(self.config.slots)
+            loaded.enable_batching(self.config.slots, self.config.kv_memory)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
