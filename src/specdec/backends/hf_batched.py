@@ -92,6 +92,9 @@ class PagedBatch:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self._step = compiled(self._forward, self.device, compile)
         self._inputs = _Inputs(slots, rows, self.table_pages, self.device)
+        # One object for every tick (its tensors are the inputs' views): a compiled step guards on it.
+        self._meta = PagedMeta(self._inputs.table, self._inputs.start, self._inputs.block, self._inputs.positions,
+                               "pool", self.kernel)
         self._replay = Replay(self._graph_step, self.device) if self.graphs else None
         self._cond = threading.Condition()
         self._pending: list[_Submission] = []
@@ -234,16 +237,14 @@ class PagedBatch:
     def _graph_step(self) -> torch.Tensor:
         inputs = self._inputs
         self.cache.flat = inputs.flat
-        meta = PagedMeta(inputs.table, inputs.start, inputs.block, inputs.positions, "pool", self.kernel)
-        return self._step(inputs.ids, inputs.positions, meta)
+        with _attention(self.model):  # outside the compiled step: it reads the setting, never sets it
+            return self._step(inputs.ids, inputs.positions, self._meta)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: PagedMeta) -> torch.Tensor:
         """Float32 logits ``[B, R, V]`` of ``ids`` ``[B, R]`` at ``positions``, keys written at
         ``cache.flat`` and attention through ``meta``."""
-        with _attention(self.model):
-            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
-                             attention_mask=_no_mask(self.model, ids.device), use_cache=True,
-                             specdec_paged=meta)
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
+                         attention_mask=_no_mask(self.model, ids.device), use_cache=True, specdec_paged=meta)
         return out.logits.float()
 
     # -- on the ticker's thread ---------------------------------------------------------------------

@@ -73,7 +73,11 @@ class Server:
 
     # -- what the routes read (specdec.server.routes.Served) ----------------------------------------
     def health(self) -> dict:
-        return {"status": "ok", "model": self.model.name, "uptime_s": round(time.time() - self.started, 1)}
+        out = {"status": "ok", "model": self.model.name, "uptime_s": round(time.time() - self.started, 1)}
+        batched = self.model.loaded.batched
+        if batched is not None:  # what the batch did: forwards, their rows and seconds
+            out["batch"] = {"ticks": batched.ticks, "rows": batched.rows, "decode_s": round(batched.decode_s, 3)}
+        return out
 
     def models(self) -> list[dict]:
         return [{"id": name, "object": "model", "created": int(self.started), "owned_by": "specdec"}
