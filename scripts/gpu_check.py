@@ -502,8 +502,8 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> 
                 label = server if drafter is None else f"{server}/{drafter}"
                 extra = {} if drafter is None else {"drafter": drafter}
                 before = _batch_stats(url)
-                run = asyncio.run(run_load(url, bodies(model, args.serve_requests, **extra), clients, 600.0,
-                                           "/v1/chat/completions", stream=True))
+                run = asyncio.run(run_load(url, bodies(model, args.serve_requests, **extra), clients,
+                                           args.level_limit_s, "/v1/chat/completions", stream=True))
                 after = _batch_stats(url)
                 texts = run.texts()
                 first = reference.setdefault(label, texts)
@@ -539,7 +539,7 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> 
         memory = {}
         done = 0
         for total in args.memory_requests:
-            asyncio.run(run_load(url, bodies(model, total - done, offset=done), args.slots, 600.0,
+            asyncio.run(run_load(url, bodies(model, total - done, offset=done), args.slots, 4 * args.level_limit_s,
                                  "/v1/chat/completions", stream=False))
             done = total
             memory[str(total)] = _gpu_memory_mib(process.pid)
@@ -650,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-requests", type=int, default=16, help="requests per level of the serve part")
     parser.add_argument("--serve-peers", default="transformers-cb", help="the serve part's peers (or none)")
     parser.add_argument("--ready-s", type=float, default=300.0, help="how long a server may take to answer first")
+    parser.add_argument("--level-limit-s", type=float, default=120.0, help="how long one level may take at most")
     parser.add_argument("--budget-s-serve", type=float, default=1e9,
                         help="stop the serve part's levels past this many seconds of the run")
     args = parser.parse_args(argv)

@@ -137,35 +137,37 @@ def reference_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
 
 def triton_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, meta: PagedMeta,
                      scale: float, window: int = 0, softcap: float | None = None) -> torch.Tensor:
-    """The same as :func:`reference_attention`, reading only the held pages (see the module)."""
+    """The same as :func:`reference_attention`, reading only the held pages (see the module):
+    :mod:`specdec.backends.paged_triton`'s two kernels."""
     if softcap:
         raise SpecdecError("the paged Triton kernel has no attention soft-capping (Gemma 2): "
                            "SPECDEC_PAGED_KERNEL=reference")
-    triton = _triton()
-    kernel = _kernel()
+    from specdec.backends import paged_triton
+
     b, heads, rows, dim = query.shape
     keys_, skp, skt, skh, kv_heads, _ = _keys_view(keys, meta.layout)
     _, svp, svt, svh, _, _ = _keys_view(values, meta.layout)
     group = heads // kv_heads
-    m = max(16, triton.next_power_of_2(group * rows))
-    pages = meta.table.shape[1]
-    splits = -(-pages * PAGE // SPLIT)
+    m = max(16, 1 << (group * rows - 1).bit_length())
+    splits = -(-meta.table.shape[1] * PAGE // SPLIT)
     acc = torch.empty(b, kv_heads, splits, m, dim, device=query.device, dtype=torch.float32)
     top = torch.empty(b, kv_heads, splits, m, device=query.device, dtype=torch.float32)
     total = torch.empty_like(top)
     q = query.contiguous()
     block = meta.block.to(torch.int8).contiguous()
-    kernel[(b * kv_heads, splits)](
+    big = m * dim >= 128 * 128  # the accumulator's registers: more warps, or it spills
+    paged_triton.split_kernel[(b * kv_heads, splits)](
         q, keys_, values, meta.table, meta.start, block, meta.positions, acc, top, total,
         q.stride(0), q.stride(1), q.stride(2), skp, skt, skh, svp, svt, svh, meta.table.stride(0),
         meta.positions.stride(0), scale, window,
-        KV_HEADS=kv_heads, GROUP=group, R=rows, D=dim, M=m, PAGE_SIZE=PAGE, SPLIT_SIZE=SPLIT, WINDOW=bool(window))
-    best = top.amax(2, keepdim=True)
-    best = torch.where(torch.isinf(best), torch.zeros_like(best), best)
-    share = torch.exp(top - best)  # 0 for a split with nothing visible
-    out = (acc * share.unsqueeze(-1)).sum(2) / (total * share).sum(2).clamp_min(1e-30).unsqueeze(-1)
-    out = out[:, :, :group * rows].reshape(b, kv_heads, group, rows, dim).reshape(b, heads, rows, dim)
-    return out.transpose(1, 2).to(query.dtype)
+        KV_HEADS=kv_heads, GROUP=group, R=rows, D=dim, M=m, PAGE_SIZE=PAGE, SPLIT_SIZE=SPLIT, WINDOW=bool(window),
+        num_warps=8 if big else 4)
+    out = torch.empty(b, rows, heads, dim, device=query.device, dtype=query.dtype)
+    block_m = 32
+    paged_triton.combine_kernel[(b * kv_heads, -(-group * rows // block_m))](
+        acc, top, total, out, splits, out.stride(0), out.stride(1), out.stride(2),
+        KV_HEADS=kv_heads, GROUP=group, R=rows, D=dim, M=m, BLOCK_M=block_m, num_warps=4)
+    return out
 
 
 def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -179,8 +181,30 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         raise SpecdecError("paged attention needs the forward's PagedMeta (specdec_paged=...)")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     window = int(sliding_window or 0)
-    run = triton_attention if specdec_paged.kernel == "triton" else reference_attention
-    return run(query, key, value, specdec_paged, scale, window, softcap), None
+    meta = specdec_paged
+    if meta.kernel == "triton":
+        if softcap:
+            raise SpecdecError("the paged Triton kernel has no attention soft-capping (Gemma 2): "
+                               "SPECDEC_PAGED_KERNEL=reference")
+        return _triton_op(query, key, value, meta.table, meta.start, meta.block, meta.positions, float(scale), window,
+                          meta.layout), None
+    return reference_attention(query, key, value, meta, scale, window, softcap), None
+
+
+# The Triton kernels as one opaque operator: torch.compile fuses everything around it and calls it
+# as it is (a graph captures its launches), rather than compiling user kernels itself.
+@torch.library.custom_op("specdec::paged_attention", mutates_args=())
+def _triton_op(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor,
+               start: torch.Tensor, block: torch.Tensor, positions: torch.Tensor, scale: float, window: int,
+               layout: str) -> torch.Tensor:
+    return triton_attention(query, keys, values, PagedMeta(table, start, block, positions, layout, "triton"),
+                            scale, window)
+
+
+@_triton_op.register_fake
+def _(query, keys, values, table, start, block, positions, scale, window, layout):
+    b, heads, rows, dim = query.shape
+    return query.new_empty(b, rows, heads, dim)
 
 
 @functools.cache
@@ -199,68 +223,3 @@ def _triton():
     except ImportError:
         return None
     return triton
-
-
-@functools.cache
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def split_kernel(Q, K, V, TABLE, START, BLOCK, POS, ACC, TOP, TOTAL,
-                     sqb, sqh, sqr, skp, skt, skh, svp, svt, svh, stb, spb, scale, window,
-                     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                     M: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT_SIZE: tl.constexpr, WINDOW: tl.constexpr):
-        pid = tl.program_id(0)
-        split = tl.program_id(1)
-        splits = tl.num_programs(1)
-        b = pid // KV_HEADS
-        h = pid % KV_HEADS
-        start = tl.load(START + b).to(tl.int32)
-        end = start + R
-        lo = split * SPLIT_SIZE
-        hi = tl.minimum(lo + SPLIT_SIZE, end)
-
-        rows = tl.arange(0, M)
-        real = rows < GROUP * R
-        g = rows // R
-        r = rows % R
-        dims = tl.arange(0, D)
-        q = tl.load(Q + b * sqb + (h * GROUP + g)[:, None] * sqh + r[:, None] * sqr + dims[None, :],
-                    mask=real[:, None], other=0.0)
-        pos = tl.load(POS + b * spb + r, mask=real, other=0)
-
-        top = tl.full([M], float("-inf"), tl.float32)
-        total = tl.zeros([M], tl.float32)
-        acc = tl.zeros([M, D], tl.float32)
-        offs = tl.arange(0, PAGE_SIZE)
-        for first in range(lo, hi, PAGE_SIZE):
-            page = tl.load(TABLE + b * stb + first // PAGE_SIZE).to(tl.int64)
-            k = tl.load(K + page * skp + offs[:, None] * skt + h * skh + dims[None, :])
-            v = tl.load(V + page * svp + offs[:, None] * svt + h * svh + dims[None, :])
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [M, PAGE]
-            slot = first + offs
-            col = slot - start
-            mine = (col >= 0) & (col < R)
-            seen = tl.load(BLOCK + b * R * R + r[:, None] * R + col[None, :],
-                           mask=real[:, None] & mine[None, :], other=0)
-            allowed = (slot[None, :] < start) | (seen != 0)
-            if WINDOW:
-                key_pos = tl.load(POS + b * spb + col, mask=mine, other=0)
-                key_pos = tl.where(mine, key_pos, slot)
-                allowed = allowed & ((pos[:, None] - key_pos[None, :]) < window)
-            allowed = allowed & real[:, None]
-            s = tl.where(allowed, s, float("-inf"))
-            new_top = tl.maximum(top, tl.max(s, 1))
-            safe = tl.where(new_top == float("-inf"), 0.0, new_top)
-            p = tl.exp(s - safe[:, None])
-            alpha = tl.exp(top - safe)
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            top = new_top
-        at = (b * KV_HEADS + h) * splits + split
-        tl.store(TOP + at * M + rows, top)
-        tl.store(TOTAL + at * M + rows, total)
-        tl.store(ACC + at * M * D + rows[:, None] * D + dims[None, :], acc)
-
-    return split_kernel
