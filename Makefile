@@ -30,10 +30,14 @@ LLAMA_VERSION    := 0.3.36
 LLAMA_SDIST      := .build/sdist/llama_cpp_python-$(LLAMA_VERSION).tar.gz
 LLAMA_SRC        := .build/llama-cpp-python
 LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
-# Without AMX's tile kernels: exact decoding caps weights in AMX buffers at one row a micro-batch
-# (the self-test cannot vouch for its tiles), and on some Sapphire Rapids VMs that list AMX, its
-# kernels stop the process with an illegal instruction. GCC keeps explicit -mno-* flags over
-# -march=native's (CMake takes CFLAGS and CXXFLAGS from the environment).
+# A fix, not a kernel: GCC 12 drops the stores that fill ggml's AMX tile configuration, so on a CPU
+# with AMX (Intel Sapphire Rapids and later) the first tile instruction is an illegal instruction.
+# Applied to specdec's build (with the patches above) and to the peers' stock build alike.
+LLAMA_AMX_FIX    := patches/llama.cpp/ggml-amx-tile-config.patch
+# specdec's build leaves AMX's tile kernels out all the same: exact decoding caps weights in AMX
+# buffers at one row a micro-batch (the self-test cannot vouch for the tiles), which would leave
+# nothing for speculation to batch; its own multi-row kernels run instead. GCC keeps explicit
+# -mno-* flags over -march=native's (CMake takes CFLAGS and CXXFLAGS from the environment).
 NO_AMX           := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
@@ -119,16 +123,17 @@ $(VLLM_VENV)/.installed:
 
 # llama.cpp as its users build it, for the llama-server-* bench peers (not needed by the tests): the
 # llama.cpp source inside llama-cpp-python's sdist (the version the llamacpp backend runs), default
-# CMake options (its own kernels, shared libraries next to the binaries in build/bin). Offline
+# CMake options (its own kernels, shared libraries next to the binaries in build/bin), with only the AMX fix above. Offline
 # switches only: no tests, and no web UI (its prebuilt assets are downloaded from Hugging Face).
 # About 22 CPU-minutes: some 12 min on 2 idle cores (37 min measured on 2 cores shared with other work).
 LLAMA_PEERS       ?= .peers/llama.cpp
 LLAMA_PEERS_BINS  := llama-server llama-speculative-simple llama-bench
 LLAMA_PEERS_JOBS  ?= 2
 llama-peers: $(LLAMA_PEERS)/build/bin/.built
-$(LLAMA_PEERS)/build/bin/.built: | $(LLAMA_SDIST)
+$(LLAMA_PEERS)/build/bin/.built: $(LLAMA_AMX_FIX) | $(LLAMA_SDIST)
 	rm -rf $(LLAMA_PEERS)/src && mkdir -p $(LLAMA_PEERS)/src
 	tar -xzf $(LLAMA_SDIST) -C $(LLAMA_PEERS)/src --strip-components=1
+	patch -p1 -s -d $(LLAMA_PEERS)/src/vendor/llama.cpp < $(LLAMA_AMX_FIX)
 	cmake -S $(LLAMA_PEERS)/src/vendor/llama.cpp -B $(LLAMA_PEERS)/build \
 	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 	cmake --build $(LLAMA_PEERS)/build --config Release -j $(LLAMA_PEERS_JOBS) --target $(LLAMA_PEERS_BINS)
