@@ -103,7 +103,8 @@ def build_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
     return app
 
 
-def manager_for(model, tokenizer, slots: int, graphs: bool, compile_level: int, max_tokens: int):
+def manager_for(model, tokenizer, slots: int, graphs: bool, compile_level: int, max_tokens: int,
+                max_batch_tokens: int = 4096):
     """A started ``ContinuousBatchingManager`` for ``model``, greedy, its graphs captured (warm-up)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -111,8 +112,11 @@ def manager_for(model, tokenizer, slots: int, graphs: bool, compile_level: int, 
     eos = tokenizer.eos_token_id if model.generation_config.eos_token_id is None else model.generation_config.eos_token_id
     config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
                               pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+    # Its KV cache and batch sized for the load test (by default it takes 90% of the free memory and
+    # sizes a batch's tokens from it, and its warm-up then runs out of memory on an H200).
     cb = ContinuousBatchingConfig(max_requests_per_batch=slots, use_cuda_graph=graphs,
-                                  default_compile_level=compile_level)
+                                  default_compile_level=compile_level, max_memory_percent=0.3,
+                                  max_batch_tokens=max_batch_tokens)
     manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
     manager.warmup()
     manager.start()
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--compile-level", type=int, default=1)
     parser.add_argument("--no-graphs", dest="graphs", action="store_false")
+    parser.add_argument("--max-batch-tokens", type=int, default=4096, help="tokens of one batch (prompts included)")
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     manager = manager_for(model, tokenizer, args.slots, args.graphs and args.device.startswith("cuda"),
-                          args.compile_level, args.max_tokens)
+                          args.compile_level, args.max_tokens, args.max_batch_tokens)
     app = build_app(model, tokenizer, manager, args.name or args.model, args.max_tokens)
     try:
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

@@ -231,7 +231,9 @@ class PagedBatch:
                 out = self._graph_step()
         logits = out.clone()  # the next tick overwrites the graph's output
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the tick's time; the sequences read their rows next
+            # The tick's time; the sequences read their rows next (on streams of their own, so a
+            # sequence that reads late does not queue behind the next tick: _reading_stream).
+            torch.cuda.current_stream(self.device).synchronize()
         return logits
 
     def _graph_step(self) -> torch.Tensor:
@@ -460,6 +462,9 @@ class PagedSequence(Backend):
             logits = torch.cat(parts) if len(parts) > 1 else parts[0]
         self.tokens.extend(tokens)
         self._last = (start, None if tree is None else list(tree))
+        stream = _reading_stream(self.batch.device)
+        if stream is not None:
+            logits.record_stream(stream)  # its memory is not reused before this thread's reads end
         return logits[-1:] if last_only else logits
 
     def _block(self, tokens: list[int], start: int, tree: list[int] | None) -> torch.Tensor:
@@ -496,6 +501,24 @@ class PagedSequence(Backend):
             batch.pool.give(self.pages)
             batch.release(self.slot)
             self.batch = None
+
+
+_threads = threading.local()
+
+
+def _reading_stream(device: torch.device):
+    """On a GPU, this thread's own stream, made current: what a sequence does with its logits
+    (verification's reads) runs there, beside the ticks on the ticker's stream. On the default
+    stream a sequence that read its rows after the next tick began would wait for that tick to end,
+    and miss the one after it. None elsewhere."""
+    if device.type != "cuda":
+        return None
+    stream = getattr(_threads, "stream", None)
+    if stream is None:
+        stream = _threads.stream = torch.cuda.Stream(device)
+    if torch.cuda.current_stream(device) != stream:
+        torch.cuda.set_stream(stream)
+    return stream
 
 
 @contextmanager

@@ -36,7 +36,9 @@ from specdec.errors import SpecdecError
 
 NAME = "specdec_paged"  # its name in transformers' attention registry
 PAGE = 64  # slots per page
-SPLIT = 256  # keys per program (a multiple of PAGE)
+# Keys per program (a multiple of PAGE): one page, so a long sequence's keys spread over many
+# programs (a few key-value heads would otherwise leave most of a GPU idle after a long prompt).
+SPLIT = 64
 KERNELS = ("triton", "reference")
 
 
@@ -165,8 +167,8 @@ def triton_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     out = torch.empty(b, rows, heads, dim, device=query.device, dtype=query.dtype)
     block_m = 32
     paged_triton.combine_kernel[(b * kv_heads, -(-group * rows // block_m))](
-        acc, top, total, out, splits, out.stride(0), out.stride(1), out.stride(2),
-        KV_HEADS=kv_heads, GROUP=group, R=rows, D=dim, M=m, BLOCK_M=block_m, num_warps=4)
+        acc, top, total, meta.start, out, splits, out.stride(0), out.stride(1), out.stride(2),
+        KV_HEADS=kv_heads, GROUP=group, R=rows, D=dim, M=m, BLOCK_M=block_m, SPLIT_SIZE=SPLIT, num_warps=4)
     return out
 
 

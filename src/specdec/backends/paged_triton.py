@@ -5,7 +5,8 @@ made inside a function cannot be found there). Two launches a layer: :func:`spli
 program per (sequence, key-value head, split of ``SPLIT_SIZE`` keys), walks the held pages of its
 split with an online softmax; :func:`combine_kernel`, one program per (sequence, key-value head,
 block of query rows), sums the splits in order by their softmax statistics and writes the output
-in the layout transformers wants (``[B, R, heads, d]``).
+in the layout transformers wants (``[B, R, heads, d]``). Splits past a sequence's length are
+neither computed nor read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def split_kernel(Q, K, V, TABLE, START, BLOCK, POS, ACC, TOP, TOTAL,
     end = start + R
     lo = split * SPLIT_SIZE
     hi = tl.minimum(lo + SPLIT_SIZE, end)
+    if lo >= end:  # past what the sequence holds: nothing to read, and the combine reads nothing here
+        return
 
     rows = tl.arange(0, M)
     real = rows < GROUP * R
@@ -73,24 +76,27 @@ def split_kernel(Q, K, V, TABLE, START, BLOCK, POS, ACC, TOP, TOTAL,
 
 
 @triton.jit
-def combine_kernel(ACC, TOP, TOTAL, OUT, splits, sob, sor, soh,
+def combine_kernel(ACC, TOP, TOTAL, START, OUT, splits, sob, sor, soh,
                    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                   M: tl.constexpr, BLOCK_M: tl.constexpr):
+                   M: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_SIZE: tl.constexpr):
     pid = tl.program_id(0)
     block = tl.program_id(1)
     b = pid // KV_HEADS
     h = pid % KV_HEADS
+    # The splits the sequence holds keys in, in order (the others were not written): the same sums
+    # whatever capacity the table has, so the cost follows the sequence's length.
+    used = (tl.load(START + b).to(tl.int32) + R + SPLIT_SIZE - 1) // SPLIT_SIZE
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     real = rows < GROUP * R
     dims = tl.arange(0, D)
     base = (b * KV_HEADS + h) * splits
     best = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(0, splits):
+    for s in range(0, used):
         best = tl.maximum(best, tl.load(TOP + (base + s) * M + rows, mask=real, other=float("-inf")))
     safe = tl.where(best == float("-inf"), 0.0, best)
     num = tl.zeros([BLOCK_M, D], tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(0, splits):
+    for s in range(0, used):
         at = base + s
         share = tl.exp(tl.load(TOP + at * M + rows, mask=real, other=float("-inf")) - safe)
         den += share * tl.load(TOTAL + at * M + rows, mask=real, other=0.0)
