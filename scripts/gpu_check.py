@@ -474,8 +474,10 @@ def _batch_stats(url: str) -> dict | None:
         return None
 
 
-def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> dict:
-    """The load test of the GPU server against transformers' continuous batching (see the module)."""
+def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, ours: bool = True,
+          peers: bool = True) -> dict:
+    """The load test of the GPU server (``ours``) and of transformers' continuous batching
+    (``peers``; see the module): two parts, so that other parts can run between them."""
     import asyncio
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -483,9 +485,10 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> 
 
     from specdec.models import resolve
 
-    results: dict = {"levels": args.levels, "requests": args.serve_requests, "max_tokens": args.smollm2_tokens,
-                     "slots": args.slots}
-    report["serve"] = results
+    part_t0 = time.perf_counter()
+    results: dict = report.setdefault("serve", {})
+    results.update({"levels": args.levels, "requests": args.serve_requests, "max_tokens": args.smollm2_tokens,
+                    "slots": args.slots})
     prompts = mixed_prompts(["humaneval", "spec-bench"])
     hf_dir = str(resolve(str(args.smollm2)).hf_dir)
     logs = args.out
@@ -521,15 +524,45 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> 
                 save()
                 print(f"serve {label} at {clients} clients ({time.perf_counter() - t0:.0f} s): {json.dumps(line)}",
                       flush=True)
-                if time.perf_counter() - t0 > args.budget_s_serve:
+                if time.perf_counter() - part_t0 > args.budget_s_serve:
                     results.setdefault("cut_short", []).append(f"{label} after {clients} clients: the budget ran out")
                     return
+
+    if ours:
+        _serve_ours(args, device, dtype_name, results, save, load, bodies)
+    if peers and "transformers-cb" in args.serve_peers:
+        process = _server([sys.executable, str(ROOT / "scripts" / "hf_cb_server.py"), "--model", hf_dir,
+                           "--name", "smollm2", "--port", "8101", "--slots", str(args.slots), "--dtype", dtype_name,
+                           "--device", device, "--max-tokens", str(args.smollm2_tokens)]
+                          + ([] if device.startswith("cuda") else ["--no-graphs", "--compile-level", "0"]),
+                          logs / "transformers-cb.log")
+        try:
+            started = time.perf_counter()
+            model = wait_ready("http://127.0.0.1:8101", timeout=args.ready_s)
+            results["transformers_cb_ready_s"] = round(time.perf_counter() - started, 1)
+            load("http://127.0.0.1:8101", model, "transformers-cb", [None])
+        finally:
+            _stop(process)
+    for clients in map(str, args.levels):
+        ours_line = results.get("specdec/ngram", {}).get(clients, {})
+        theirs = results.get("transformers-cb", {}).get(clients, {})
+        if ours_line.get("tokens_per_s") and theirs.get("tokens_per_s"):
+            results.setdefault("ngram_over_transformers_cb", {})[clients] = {
+                "tokens_per_s": round(ours_line["tokens_per_s"] / theirs["tokens_per_s"], 3),
+                "p95_latency": round(ours_line["p95_s"] / theirs["p95_s"], 3)}
+    return results
+
+
+def _serve_ours(args, device: str, dtype_name: str, results: dict, save, load, bodies) -> None:
+    import asyncio
+
+    from loadtest import run_load, wait_ready
 
     ours = ["--model", str(args.smollm2), "--backend", "transformers", "--device", device, "--dtype", dtype_name,
             "--slots", str(args.slots), "--max-tokens", str(args.smollm2_tokens)]
     url = "http://127.0.0.1:8100"
     process = _server([sys.executable, "-c", "import sys; from specdec.cli import main; sys.exit(main())", "serve",
-                       *ours, "--port", "8100"], logs / "specdec-serve.log")
+                       *ours, "--port", "8100"], args.out / "specdec-serve.log")
     try:
         started = time.perf_counter()
         model = wait_ready(url, timeout=args.ready_s)
@@ -551,27 +584,6 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict) -> 
     finally:
         _stop(process)
     save()
-    if "transformers-cb" in args.serve_peers:
-        process = _server([sys.executable, str(ROOT / "scripts" / "hf_cb_server.py"), "--model", hf_dir,
-                           "--name", "smollm2", "--port", "8101", "--slots", str(args.slots), "--dtype", dtype_name,
-                           "--device", device, "--max-tokens", str(args.smollm2_tokens)]
-                          + ([] if device.startswith("cuda") else ["--no-graphs", "--compile-level", "0"]),
-                          logs / "transformers-cb.log")
-        try:
-            started = time.perf_counter()
-            model = wait_ready("http://127.0.0.1:8101", timeout=args.ready_s)
-            results["transformers_cb_ready_s"] = round(time.perf_counter() - started, 1)
-            load("http://127.0.0.1:8101", model, "transformers-cb", [None])
-        finally:
-            _stop(process)
-    for clients in map(str, args.levels):
-        ours_line = results.get("specdec/ngram", {}).get(clients, {})
-        theirs = results.get("transformers-cb", {}).get(clients, {})
-        if ours_line.get("tokens_per_s") and theirs.get("tokens_per_s"):
-            results.setdefault("ngram_over_transformers_cb", {})[clients] = {
-                "tokens_per_s": round(ours_line["tokens_per_s"] / theirs["tokens_per_s"], 3),
-                "p95_latency": round(ours_line["p95_s"] / theirs["p95_s"], 3)}
-    return results
 
 
 def summarise(rows: dict[str, dict[str, list]]) -> dict:
@@ -636,8 +648,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the SmolLM2 part's methods, in the order each question runs them")
     parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_prepare.sh records the commit)")
     parser.add_argument("--parts", default="arch,smollm2",
-                        help="which parts run: arch (random-weight architectures), smollm2 (real weights), serve (the "
-                             "GPU server under load)")
+                        help="which parts run, in this order: arch (random-weight architectures), smollm2 (real weights), "
+                             "serve (the GPU server under load), serve-peers (transformers' continuous batching "
+                             "under the same load)")
     parser.add_argument("--reverse", action="store_true",
                         help="categories in reverse order (a second run reaches first what a cut-short one missed)")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -652,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-s", type=float, default=300.0, help="how long a server may take to answer first")
     parser.add_argument("--level-limit-s", type=float, default=120.0, help="how long one level may take at most")
     parser.add_argument("--budget-s-serve", type=float, default=1e9,
-                        help="stop the serve part's levels past this many seconds of the run")
+                        help="stop a serve part's levels past this many seconds of it")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     args.attention = [a for a in args.attention.split(",") if a]
@@ -700,12 +713,16 @@ def main(argv: list[str] | None = None) -> int:
             save()
 
     ok = True
-    if "arch" in args.parts:
-        ok &= part("architectures", lambda: architectures(args, device, dtype, report, save))
-    if "serve" in args.parts and args.smollm2 is not None:
-        ok &= part("serve", lambda: serve(args, device, dtype_name, t0, save, report))
-    if "smollm2" in args.parts and args.smollm2 is not None:
-        ok &= part("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))
+    runs = {"arch": ("architectures", lambda: architectures(args, device, dtype, report, save)),
+            "serve": ("serve", lambda: serve(args, device, dtype_name, t0, save, report, peers=False)),
+            "serve-peers": ("serve_peers", lambda: serve(args, device, dtype_name, t0, save, report, ours=False)),
+            "smollm2": ("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))}
+    for name in args.parts.split(","):  # in the order given
+        if name not in runs:
+            parser.error(f"no part {name!r}: use {', '.join(runs)}")
+        if name != "arch" and args.smollm2 is None:
+            continue
+        ok &= part(*runs[name])
     save()
     print(f"wrote {out} in {report['seconds']} s")
     return 0 if ok else 1

@@ -34,8 +34,11 @@ cat "$S/smollm2.gguf.part00" .gpu/smollm2.gguf.part01 > "$S/smollm2.gguf"
 echo "$(cat .gpu/smollm2.sha256)  $S/smollm2.gguf" | sha256sum -c
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S/py" .gpu/wheels/*.whl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-PYTHONPATH="$S/py" timeout 400 python3 scripts/gpu_check.py --device cuda --parts serve,smollm2 --budget-s 370 \
-  --budget-s-serve 250 --ready-s 150 --level-limit-s 60 --methods plain,ngram,hf-static --smollm2 "$S/smollm2.gguf" \
+# Ours under load, one request at a time, then transformers' continuous batching (the part most
+# likely to run long goes last).
+PYTHONPATH="$S/py" timeout 420 python3 scripts/gpu_check.py --device cuda --parts serve,smollm2,serve-peers \
+  --budget-s 300 --budget-s-serve 150 --ready-s 150 --level-limit-s 60 --methods plain,ngram,hf-static \
+  --smollm2 "$S/smollm2.gguf" \
   --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 || echo "smollm2 part: exit $?"
 grep -v 'it/s]' "$out/gpu-check-smollm2.log" | grep -v Warning | tail -40
 if [ -n "$WITH_ARCH" ]; then  # the architectures too, in the same call (no second start)
