@@ -34,6 +34,11 @@ LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
 # with AMX (Intel Sapphire Rapids and later) the first tile instruction is an illegal instruction.
 # Applied to specdec's build (with the patches above) and to the peers' stock build alike.
 LLAMA_AMX_FIX    := patches/llama.cpp/ggml-amx-tile-config.patch
+# specdec's build leaves AMX's tile kernels out all the same: exact decoding caps weights in AMX
+# buffers at one row a micro-batch (the self-test cannot vouch for the tiles), which would leave
+# nothing for speculation to batch; its own multi-row kernels run instead. GCC keeps explicit
+# -mno-* flags over -march=native's (CMake takes CFLAGS and CXXFLAGS from the environment).
+NO_AMX           := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
 # the local CPU wheel; an unpinned torch would resolve to a CUDA build.
@@ -65,7 +70,7 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 LLAMA_WHEELS := .build/wheels
 $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 	rm -rf $(LLAMA_WHEELS) && mkdir -p $(LLAMA_WHEELS)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" python3 -m pip wheel -q --disable-pip-version-check \
+	CFLAGS="$(NO_AMX) $$CFLAGS" CXXFLAGS="$(NO_AMX) $$CXXFLAGS" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" python3 -m pip wheel -q --disable-pip-version-check \
 	  --no-cache-dir --no-deps -w $(LLAMA_WHEELS) ./$(LLAMA_SRC)
 	touch $@
 

@@ -18,6 +18,14 @@ and transformers; no network). Writes OUT/report.json after every step and print
    plain, with its compiled static cache (each prompt timed after a first run) and with prompt
    lookup, the outputs compared.
 
+3. ``serve`` (``--smollm2 GGUF``): ``specdec serve --device cuda --slots N`` (one padded forward of
+   every running request a tick, CUDA graphs, a paged KV pool) under the load test's chat requests
+   (HumanEval problems and Spec-Bench questions) at each ``--levels`` concurrency, with its default
+   drafter and with ``"drafter": "none"`` in the same server, against transformers' continuous
+   batching (``scripts/hf_cb_server.py``: ``init_continuous_batching`` with CUDA graphs and its
+   compiled forward) on the same model and requests; every answer compared with the same request
+   alone (the first level, one client), and the server's GPU memory after 20 and after 200 requests.
+
     python scripts/gpu_check.py --device cuda --smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf --out OUT
     python scripts/gpu_check.py --device cpu --toy --out OUT     # the same code at toy size (the tests)
 """
@@ -266,7 +274,7 @@ def architectures(args, device: str, dtype: torch.dtype, report: dict, save) -> 
     report["architectures"] = results
     kept: dict = {}  # the draft model, kept for the pair
     on_gpu = device.startswith("cuda")
-    for name in ARCH_NAMES:
+    for name in [n for n in ARCH_NAMES if n in args.archs]:
         t0 = time.perf_counter()
         model = build(archs[name], device, dtype, args.toy)
         shared = StaticModel(model, compile=args.compile, attention=args.attention[0])
@@ -424,6 +432,160 @@ def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -
     return results
 
 
+def _server(command: list[str], log: Path) -> "subprocess.Popen":
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except Exception:  # noqa: BLE001 - it would not stop: kill it
+        process.kill()
+        process.wait()
+
+
+def _gpu_memory_mib(pid: int) -> float | None:
+    """The GPU memory ``pid`` holds, as nvidia-smi reports it (None where it cannot tell)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            return float(parts[1])
+    return None
+
+
+def _batch_stats(url: str) -> dict | None:
+    """The server's batch counters (``/health``'s ``batch``: ticks, rows, decode seconds), if any."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=10).json().get("batch")
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, ours: bool = True,
+          peers: bool = True) -> dict:
+    """The load test of the GPU server (``ours``) and of transformers' continuous batching
+    (``peers``; see the module): two parts, so that other parts can run between them."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from loadtest import mixed_prompts, run_load, wait_ready
+
+    from specdec.models import resolve
+
+    part_t0 = time.perf_counter()
+    results: dict = report.setdefault("serve", {})
+    results.update({"levels": args.levels, "requests": args.serve_requests, "max_tokens": args.smollm2_tokens,
+                    "slots": args.slots})
+    prompts = mixed_prompts(["humaneval", "spec-bench"])
+    hf_dir = str(resolve(str(args.smollm2)).hf_dir)
+    logs = args.out
+
+    def bodies(model: str, count: int, offset: int = 0, **extra) -> list[dict]:
+        return [{"model": model, "messages": [{"role": "user", "content": prompts[(offset + i) % len(prompts)]}],
+                 "max_tokens": args.smollm2_tokens, "temperature": 0, **extra} for i in range(count)]
+
+    def load(url: str, model: str, server: str, drafters: list[str | None]) -> None:
+        """Every level, each drafter in turn (the order swapped at every level)."""
+        reference: dict[str, dict[int, str]] = {}
+        for n, clients in enumerate(args.levels):
+            for drafter in drafters if n % 2 == 0 else drafters[::-1]:
+                label = server if drafter is None else f"{server}/{drafter}"
+                extra = {} if drafter is None else {"drafter": drafter}
+                before = _batch_stats(url)
+                run = asyncio.run(run_load(url, bodies(model, args.serve_requests, **extra), clients,
+                                           args.level_limit_s, "/v1/chat/completions", stream=True))
+                after = _batch_stats(url)
+                texts = run.texts()
+                first = reference.setdefault(label, texts)
+                line = {**run.summary(), "differ_from_alone": sum(first[i] != t for i, t in texts.items() if i in first),
+                        "compared_with_alone": sum(i in first for i in texts)}
+                if before and after and after["ticks"] > before["ticks"]:
+                    ticks = after["ticks"] - before["ticks"]
+                    line["ticks"] = ticks
+                    line["rows_per_tick"] = round((after["rows"] - before["rows"]) / ticks, 2)
+                    line["tick_ms"] = round(1e3 * (after["decode_s"] - before["decode_s"]) / ticks, 3)
+                results.setdefault(label, {})[str(clients)] = line
+                if drafter not in (None, "none") and f"{server}/none" in reference:
+                    plain = reference[f"{server}/none"]
+                    line["differ_from_none"] = sum(plain.get(i) != t for i, t in texts.items())
+                save()
+                print(f"serve {label} at {clients} clients ({time.perf_counter() - t0:.0f} s): {json.dumps(line)}",
+                      flush=True)
+                if time.perf_counter() - part_t0 > args.budget_s_serve:
+                    results.setdefault("cut_short", []).append(f"{label} after {clients} clients: the budget ran out")
+                    return
+
+    if ours:
+        _serve_ours(args, device, dtype_name, results, save, load, bodies)
+    if peers and "transformers-cb" in args.serve_peers:
+        process = _server([sys.executable, str(ROOT / "scripts" / "hf_cb_server.py"), "--model", hf_dir,
+                           "--name", "smollm2", "--port", "8101", "--slots", str(args.slots), "--dtype", dtype_name,
+                           "--device", device, "--max-tokens", str(args.smollm2_tokens)]
+                          + ([] if device.startswith("cuda") else ["--no-graphs", "--compile-level", "0"]),
+                          logs / "transformers-cb.log")
+        try:
+            started = time.perf_counter()
+            model = wait_ready("http://127.0.0.1:8101", timeout=args.ready_s)
+            results["transformers_cb_ready_s"] = round(time.perf_counter() - started, 1)
+            load("http://127.0.0.1:8101", model, "transformers-cb", [None])
+        finally:
+            _stop(process)
+    for clients in map(str, args.levels):
+        ours_line = results.get("specdec/ngram", {}).get(clients, {})
+        theirs = results.get("transformers-cb", {}).get(clients, {})
+        if ours_line.get("tokens_per_s") and theirs.get("tokens_per_s"):
+            results.setdefault("ngram_over_transformers_cb", {})[clients] = {
+                "tokens_per_s": round(ours_line["tokens_per_s"] / theirs["tokens_per_s"], 3),
+                "p95_latency": round(ours_line["p95_s"] / theirs["p95_s"], 3)}
+    return results
+
+
+def _serve_ours(args, device: str, dtype_name: str, results: dict, save, load, bodies) -> None:
+    import asyncio
+
+    from loadtest import run_load, wait_ready
+
+    ours = ["--model", str(args.smollm2), "--backend", "transformers", "--device", device, "--dtype", dtype_name,
+            "--slots", str(args.slots), "--max-tokens", str(args.smollm2_tokens)]
+    url = "http://127.0.0.1:8100"
+    process = _server([sys.executable, "-c", "import sys; from specdec.cli import main; sys.exit(main())", "serve",
+                       *ours, "--port", "8100"], args.out / "specdec-serve.log")
+    try:
+        started = time.perf_counter()
+        model = wait_ready(url, timeout=args.ready_s)
+        results["specdec_ready_s"] = round(time.perf_counter() - started, 1)
+        load(url, model, "specdec", ["ngram", "none"])
+        # Memory: after 20 requests, then after 200 (every page back in the pool between them).
+        memory = {}
+        done = 0
+        for total in args.memory_requests:
+            asyncio.run(run_load(url, bodies(model, total - done, offset=done), args.slots, 4 * args.level_limit_s,
+                                 "/v1/chat/completions", stream=False))
+            done = total
+            memory[str(total)] = _gpu_memory_mib(process.pid)
+            save()
+        results["gpu_memory_mib_after_requests"] = memory
+        first, last = (str(n) for n in (args.memory_requests[0], args.memory_requests[-1]))
+        if memory.get(first) and memory.get(last):
+            results[f"memory_{last}_over_{first}"] = round(memory[last] / memory[first], 4)
+    finally:
+        _stop(process)
+    save()
+
+
 def summarise(rows: dict[str, dict[str, list]]) -> dict:
     """Per category and overall: each method's tokens/s (end to end), the ratios the issue names,
     and whether outputs are identical."""
@@ -473,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-prompt", type=int, default=2000, help="tokens of the long prompt of the plain step")
     parser.add_argument("--pair-tokens", type=int, default=32, help="new tokens of each timed run of the pair")
     parser.add_argument("--k", type=int, default=8, help="draft tokens a step in the self-draft check")
-    parser.add_argument("--attention", default="sdpa,split",
+    parser.add_argument("--attention", default="paged,sdpa",
                         help="the decoding steps' attention: the first runs everything, the others (comma-separated) "
                              f"the plain steps and self-drafting of {VARIANTS_ON} and ours on SmolLM2")
     parser.add_argument("--no-compile", dest="compile", action="store_false", default=None,
@@ -486,14 +648,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="the SmolLM2 part's methods, in the order each question runs them")
     parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_prepare.sh records the commit)")
     parser.add_argument("--parts", default="arch,smollm2",
-                        help="which parts run: arch (random-weight architectures), smollm2 (real weights)")
+                        help="which parts run, in this order: arch (random-weight architectures), smollm2 (real weights), "
+                             "serve (the GPU server under load), serve-peers (transformers' continuous batching "
+                             "under the same load)")
     parser.add_argument("--reverse", action="store_true",
                         help="categories in reverse order (a second run reaches first what a cut-short one missed)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop taking new Spec-Bench questions past this many seconds (the report says so)")
+    parser.add_argument("--archs", default=",".join(ARCH_NAMES), help="the arch part's architectures")
+    parser.add_argument("--memory-requests", default="20,200",
+                        help="the serve part's GPU memory is read after this many requests, and after this many")
+    parser.add_argument("--levels", default="1,8,16", help="the serve part's concurrency levels")
+    parser.add_argument("--slots", type=int, default=16, help="the serve part's slots (both servers)")
+    parser.add_argument("--serve-requests", type=int, default=16, help="requests per level of the serve part")
+    parser.add_argument("--serve-peers", default="transformers-cb", help="the serve part's peers (or none)")
+    parser.add_argument("--ready-s", type=float, default=300.0, help="how long a server may take to answer first")
+    parser.add_argument("--level-limit-s", type=float, default=120.0, help="how long one level may take at most")
+    parser.add_argument("--budget-s-serve", type=float, default=1e9,
+                        help="stop a serve part's levels past this many seconds of it")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     args.attention = [a for a in args.attention.split(",") if a]
+    args.levels = [int(c) for c in str(args.levels).split(",") if c]
+    args.archs = [a for a in args.archs.split(",") if a]
+    args.memory_requests = [int(c) for c in str(args.memory_requests).split(",") if c]
     device = devices.resolve(args.device)
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
@@ -535,10 +713,16 @@ def main(argv: list[str] | None = None) -> int:
             save()
 
     ok = True
-    if "arch" in args.parts:
-        ok &= part("architectures", lambda: architectures(args, device, dtype, report, save))
-    if "smollm2" in args.parts and args.smollm2 is not None:
-        ok &= part("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))
+    runs = {"arch": ("architectures", lambda: architectures(args, device, dtype, report, save)),
+            "serve": ("serve", lambda: serve(args, device, dtype_name, t0, save, report, peers=False)),
+            "serve-peers": ("serve_peers", lambda: serve(args, device, dtype_name, t0, save, report, ours=False)),
+            "smollm2": ("smollm2_spec_bench", lambda: smollm2(args, device, dtype_name, t0, save, report))}
+    for name in args.parts.split(","):  # in the order given
+        if name not in runs:
+            parser.error(f"no part {name!r}: use {', '.join(runs)}")
+        if name != "arch" and args.smollm2 is None:
+            continue
+        ok &= part(*runs[name])
     save()
     print(f"wrote {out} in {report['seconds']} s")
     return 0 if ok else 1

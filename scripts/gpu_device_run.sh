@@ -1,12 +1,13 @@
 #!/bin/sh
 # The GPU check on the lent GPU machine, in two calls (at most 64 MiB of files go over in one):
 #   1. carry .gpu/smollm2.gguf.part00 .gpu/commit                      sh scripts/gpu_device_run.sh arch
-#      stashes the first part in /tmp, then the random-weight architectures through the engine on
-#      CUDA graphs (curves, plain steps, exactness, the 7B + 0.5B pair's step costs; a few minutes)
+#      stashes the first part in /tmp, then the random-weight 1.5B architecture through the engine on
+#      CUDA graphs (its plain step after a short and a long prompt, per attention; exactness)
 #   2. carry .gpu/smollm2.gguf.part01 .gpu/wheels .gpu/smollm2.sha256 .gpu/commit
 #                                                                      sh scripts/gpu_device_run.sh smollm2
-#      SmolLM2-135M's real weights on Spec-Bench against transformers' generate: plain, compiled
-#      static cache, prompt lookup
+#      SmolLM2-135M's real weights: the GPU server under load against transformers' continuous
+#      batching (serve), then one request at a time on Spec-Bench against transformers' compiled
+#      static cache (smollm2)
 # Make the second call right after the first: a warm machine goes back after about 30 s idle, and
 # the stashed part with it. (scripts/gpu_prepare.sh makes .gpu/ here first.) Each part has a time
 # limit, so both calls fit a 15-minute lease with the machine's start; a part cut short still leaves
@@ -23,16 +24,25 @@ if [ "$1" = arch ]; then
   cp .gpu/smollm2.gguf.part00 "$S/"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"  || true
-  timeout 330 python3 scripts/gpu_check.py --device cuda --parts arch --code "$code" --out "$out/gpu-check-arch" "$@" \
-    >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
+  timeout 240 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --code "$code" \
+    --out "$out/gpu-check-arch" "$@" >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
   cat "$out/gpu-check-arch.log"
   exit 0
 fi
-shift  # what follows "smollm2" goes to gpu_check.py (--reverse, --budget-s ...)
+shift  # what follows "smollm2" goes to gpu_check.py (--parts, --budget-s ...)
 cat "$S/smollm2.gguf.part00" .gpu/smollm2.gguf.part01 > "$S/smollm2.gguf"
 echo "$(cat .gpu/smollm2.sha256)  $S/smollm2.gguf" | sha256sum -c
-python3 -m zipfile -e .gpu/wheels/gguf-0.19.0-py3-none-any.whl "$S/py"
-PYTHONPATH="$S/py" timeout 360 python3 scripts/gpu_check.py --device cuda --parts smollm2 --budget-s 300 \
-  --smollm2 "$S/smollm2.gguf" --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 \
-  || echo "smollm2 part: exit $?"
-grep -v 'it/s]' "$out/gpu-check-smollm2.log" | tail -40
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S/py" .gpu/wheels/*.whl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+# Ours under load, one request at a time, then transformers' continuous batching (the part most
+# likely to run long goes last).
+PYTHONPATH="$S/py" timeout 420 python3 scripts/gpu_check.py --device cuda --parts serve,smollm2,serve-peers \
+  --budget-s 300 --budget-s-serve 150 --ready-s 150 --level-limit-s 60 --methods plain,ngram,hf-static \
+  --smollm2 "$S/smollm2.gguf" \
+  --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 || echo "smollm2 part: exit $?"
+grep -v 'it/s]' "$out/gpu-check-smollm2.log" | grep -v Warning | tail -40
+if [ -n "$WITH_ARCH" ]; then  # the architectures too, in the same call (no second start)
+  timeout 150 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --attention paged \
+    --code "$code" --out "$out/gpu-check-arch" >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
+  grep -v Warning "$out/gpu-check-arch.log" | tail -5
+fi

@@ -27,10 +27,10 @@ def _n(value, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def _machine(report: dict) -> str:
+def _machine(report: dict, engine: str | None = None) -> str:
     return (f"{report['device'].replace('_', ' ')}, PyTorch {report['torch']}, transformers "
-            f"{report.get('transformers', '?')}, {report['dtype']}, {report['date'][:10]}; engine: {report['engine']}; "
-            f"code: {report.get('code', 'not recorded')}")
+            f"{report.get('transformers', '?')}, {report['dtype']}, {report['date'][:10]}; engine: "
+            f"{engine or report['engine']}; code: {report.get('code', 'not recorded')}")
 
 
 def architectures(folder: Path = FOLDER) -> str:
@@ -113,7 +113,63 @@ def smollm2(folder: Path = FOLDER) -> str:
             + "\n".join(rows) + f"\n\nOverall: {ratios}.\n")
 
 
-TABLES = {"architectures": architectures, "pair": pair, "smollm2": smollm2}
+def paged(folder: Path = FOLDER) -> str:
+    """The 1.5B architecture's plain step with the paged attention (:mod:`specdec.backends.paged_attention`):
+    a step after a long prompt against one after a short one."""
+    report = _load("arch-paged", folder)
+    rows = ["| architecture (random weights) | attention | compile + first capture | engine step, 50-token prompt | "
+            "after a 2,000-token prompt | long / short | its graph alone (16 rows) | self-drafting: identical, accepted |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, e in report["architectures"].items():
+        step = e.get("plain_step", {})
+        long = next((v for k, v in step.items() if k != "prompt_50"), {})
+        draft = e.get("self_draft")
+        exact = f"{draft['identical_rate']:.0%}, {draft['acceptance_rate']:.0%}" if draft else "-"
+        rows.append(f"| {SHORT.get(name, name)} | paged | {_n(e.get('first_capture_s'), 1, ' s')} | "
+                    f"{_n(step.get('prompt_50', {}).get('step_ms'), suffix=' ms')} | "
+                    f"{_n(long.get('step_ms'), suffix=' ms')} | {_n(e.get('long_over_short'), suffix='x')} | "
+                    f"{_n(e.get('graph_replay_16_ms'), suffix=' ms')} | {exact} |")
+    return f"{_machine(report)}. Command: `{report['command']}`.\n\n" + "\n".join(rows) + "\n"
+
+
+def serve(folder: Path = FOLDER) -> str:
+    """The GPU server under load: tokens/s and p95 latency per concurrency level, with and without
+    drafting, against transformers' continuous batching; answers against each request alone; memory."""
+    report = _load("serve", folder)
+    s = report["serve"]
+    servers = [k for k in ("specdec/ngram", "specdec/none", "transformers-cb") if k in s]
+    head = ["clients"] + [f"{name} {what}" for name in servers for what in ("tokens/s", "p95 latency")]
+    head += ["ngram / none", "answers differing from alone", "rows per tick (ngram / none)"]
+    rows = ["| " + " | ".join(head) + " |", "|---:" + "|---:" * (len(head) - 2) + "|---|"]
+    for level in map(str, s["levels"]):
+        cells = [level]
+        for name in servers:
+            line = s[name].get(level, {})
+            cells += [_n(line.get("tokens_per_s"), 1), _n(line.get("p95_s"), 2, " s")]
+        ours, plain = s.get("specdec/ngram", {}).get(level, {}), s.get("specdec/none", {}).get(level, {})
+        ratio = ours.get("tokens_per_s") / plain["tokens_per_s"] if ours.get("tokens_per_s") and plain.get(
+            "tokens_per_s") else None
+        differ = sum(s[name].get(level, {}).get("differ_from_alone", 0) for name in servers if name.startswith("specdec"))
+        cells += [_n(ratio, suffix="x"), str(differ),
+                  f"{_n(ours.get('rows_per_tick'), 1)} / {_n(plain.get('rows_per_tick'), 1)}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    memory = s.get("gpu_memory_mib_after_requests", {})
+    notes = []
+    if memory:
+        first, last = sorted(memory, key=int)[0], sorted(memory, key=int)[-1]
+        notes.append(f"GPU memory of the server (nvidia-smi) after {first} requests {_n(memory[first], 0)} MiB, "
+                     f"after {last} {_n(memory[last], 0)} MiB ({_n(memory[last] / memory[first], 3)}x).")
+    if "transformers-cb" not in s:
+        notes.append("transformers' continuous batching: not measured in this run (its warm-up ran out of memory "
+                     "with its default KV sizing; scripts/hf_cb_server.py now sizes it).")
+    engine = ("every running request's rows in one padded forward a tick, replayed from a CUDA graph, over a "
+              "paged KV pool, kernels compiled by torch.compile")
+    return (f"{_machine(report, engine)}; SmolLM2-135M, {s['slots']} slots, {s['requests']} chat requests a level "
+            f"(HumanEval problems and Spec-Bench questions), {s['max_tokens']} new tokens, greedy, streamed. "
+            f"Command: `{report['command']}`.\n\n" + "\n".join(rows) + "\n\n" + " ".join(notes) + "\n")
+
+
+TABLES = {"architectures": architectures, "pair": pair, "smollm2": smollm2, "paged": paged, "serve": serve}
 
 
 def table(name: str, folder: Path = FOLDER) -> str:
@@ -125,11 +181,14 @@ def table(name: str, folder: Path = FOLDER) -> str:
 def readme(folder: Path = FOLDER) -> str:
     """The folder's README: what it holds, and every table."""
     return ("# The GPU check\n\nGenerated by `python scripts/gpu_tables.py --write` from the reports in this folder "
-            "(`architectures.json`, `smollm2.json`; their logs beside them). The commands are in "
+            "(`architectures.json`, `smollm2.json`, `arch-paged.json`, `serve.json`; the logs of the last two "
+            "beside them). The commands are in "
             "[docs/gpu.md](../../docs/gpu.md).\n\n"
             "## The engine on random-weight architectures\n\n" + architectures(folder) +
             "\n## A 7B target drafted by the 0.5B\n\n" + pair(folder) +
-            "\n## SmolLM2-135M on Spec-Bench\n\n" + smollm2(folder))
+            "\n## SmolLM2-135M on Spec-Bench\n\n" + smollm2(folder) +
+            "\n## The 1.5B architecture with paged attention\n\n" + paged(folder) +
+            "\n## The GPU server under load\n\n" + serve(folder))
 
 
 def main(argv: list[str] | None = None) -> int:

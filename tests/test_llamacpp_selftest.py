@@ -7,7 +7,7 @@ run the self-test for every weight type of the shipped models, show that it fail
 not batch-invariant (llama.cpp's tiled matmul, switched on in a subprocess) and where a placement
 could not be run (faults injected: no CPU here fails so), and check how its verdict sets exact
 mode's micro-batch limit, down to one row for a buffer type it did not run (forced: AMX where the
-CPU has none, an Arm buffer type where it has AMX, as the Sapphire Rapids Xeon does). Which loops ran (AVX2 or AVX-512) depends on the CPU, and on the build: an AVX2-only
+library has none, an Arm buffer type where it has AMX). Which loops ran (AVX2 or AVX-512) depends on the CPU, and on the build: an AVX2-only
 build on an AVX-512 machine runs the AVX2 loops; each run names its instruction set.
 """
 
@@ -40,19 +40,6 @@ REPACKED = ("CPU_REPACK", "CPU")  # a verdict on weights this CPU repacks, and o
 PLAIN = ("CPU",)
 
 
-def has_amx() -> bool:
-    from specdec.cpu import cpu_flags
-
-    return "amx_int8" in cpu_flags()
-
-
-# Where the library places Q4_K weights on this CPU: AMX first where the CPU has it, then the repack
-# buffer, then a plain one; what a fault-free self-test of Q4_K runs.
-Q4K_PLACEMENTS = (("AMX",) if has_amx() else ()) + REPACKED
-# A buffer type the self-test never runs on this CPU, for the tests that force one into a load.
-UNRUN = "KLEIDIAI" if has_amx() else "AMX"
-
-
 def instruction_set() -> str:
     info = lib().llama_print_system_info().decode()
     return "AVX-512" if "AVX512 = 1" in info else "AVX2" if "AVX2 = 1" in info else "other"
@@ -82,6 +69,19 @@ def extra_buffer_types() -> list[str]:
     while bufts and bufts[len(names)]:
         names.append(base.ggml_backend_buft_name(bufts[len(names)]).decode())
     return names
+
+
+def has_amx() -> bool:
+    """Whether this library's CPU backend has AMX's buffer type (a CPU with AMX, and a build with
+    its tile kernels: make setup leaves them out)."""
+    return "AMX" in extra_buffer_types()
+
+
+# Where the library places Q4_K weights: AMX first where it has it, then the repack buffer, then a
+# plain one; what a fault-free self-test of Q4_K runs.
+Q4K_PLACEMENTS = (("AMX",) if has_amx() else ()) + REPACKED
+# A buffer type the self-test never runs here, for the tests that force one into a load.
+UNRUN = "KLEIDIAI" if has_amx() else "AMX"
 
 
 @patched

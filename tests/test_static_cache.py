@@ -22,6 +22,7 @@ from specdec.backends.hf_static import BUCKETS, MIN_CAPACITY, HFStaticBackend, S
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, decode
+from specdec.errors import SpecdecError
 from specdec.policies.fixed import FixedK
 from specdec.registry import DRAFTERS
 
@@ -195,17 +196,42 @@ def test_a_compiler_that_fails_leaves_eager_kernels_and_says_so(monkeypatch, cap
         return fail
 
     monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(cuda_graphs, "_compile_state", {"fallback": False, "compiled_ran": False})
     run = cuda_graphs.compiled(lambda x: x + 1, torch.device("cpu"), enabled=True)
     assert run(1) == 2 and run(2) == 3 and run.state["fallback"]
     assert capsys.readouterr().err.count("torch.compile failed (RuntimeError: no compiler here)") == 1
+    # One kernel choice per process: every step compiled after it stays eager too.
+    later = cuda_graphs.compiled(lambda x: x * 2, torch.device("cpu"), enabled=True)
+    assert later(4) == 8 and not capsys.readouterr().err
+
+
+def test_a_compiler_that_fails_after_compiled_steps_ran_is_an_error(monkeypatch):
+    """Falling back then would leave two sequences on different kernels (rounding differently)."""
+    calls = {"n": 0}
+
+    def flaky(function, **kwargs):
+        def run(*args, **kw):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                raise RuntimeError("out of compiler")
+            return function(*args, **kw)
+        return run
+
+    monkeypatch.setattr(torch, "compile", flaky)
+    monkeypatch.setattr(cuda_graphs, "_compile_state", {"fallback": False, "compiled_ran": False})
+    run = cuda_graphs.compiled(lambda x: x + 1, torch.device("cpu"), enabled=True)
+    assert run(1) == 2
+    with pytest.raises(SpecdecError, match="after compiled kernels ran in this process; SPECDEC_COMPILE=0"):
+        run(2)
 
 
 # -- the split attention of decoding steps --------------------------------------------------------------
-def test_split_attention_gives_the_models_own_attention_in_float64(tiny_llama):
+@pytest.mark.parametrize("attention", ["split", "paged"])
+def test_split_and_paged_attention_give_the_models_own_attention_in_float64(tiny_llama, attention):
     """Chunks of the buffer combined by their softmax statistics, query heads folded onto their
     key-value head: the same attention, another rounding (none shows in float64), chunks that see
     nothing included (a 1,024-slot buffer, 37 tokens in it)."""
-    split = HFStaticBackend(tiny_llama, 16, StaticModel(tiny_llama, attention="split"))
+    split = HFStaticBackend(tiny_llama, 16, StaticModel(tiny_llama, attention=attention))
     split.reserve(900)
     assert split.cache.capacity == 1024
     reference = HFBackend(tiny_llama, 16)
@@ -214,18 +240,24 @@ def test_split_attention_gives_the_models_own_attention_in_float64(tiny_llama):
         backend.prefill(list(range(3, 40)))
     for _ in range(12):
         chunk = [rng.randrange(96) for _ in range(rng.randint(1, 6))]
-        got, want = split.extend(chunk), reference.extend(chunk)
+        tree = [-1] + [rng.randrange(-1, i) for i in range(len(chunk) - 1)] if rng.random() < 0.3 else None
+        got, want = split.extend(chunk, tree=tree), reference.extend(chunk, tree=tree)
         assert torch.allclose(got, want, atol=1e-12, rtol=0) and not got.isnan().any()
-        keep = rng.randint(split.length - len(chunk), split.length)
-        split.truncate(keep)
-        reference.truncate(keep)
+        base = split.length - len(chunk)
+        keep = rng.randint(base, split.length)
+        for backend in (split, reference):
+            if tree is not None:
+                backend.truncate(base, keep=[0])
+            else:
+                backend.truncate(keep)
     assert tiny_llama.config._attn_implementation == "sdpa"  # set for the step only
 
 
-def test_speculation_with_split_attention_equals_plain_decoding(tiny_llama):
+@pytest.mark.parametrize("attention", ["split", "paged"])
+def test_speculation_with_split_or_paged_attention_equals_plain_decoding(tiny_llama, attention):
     model = tiny_llama.float()
     try:
-        shared = StaticModel(model, attention="split")
+        shared = StaticModel(model, attention=attention)
         prompt, cfg = [1, 5, 9, 5, 9, 5, 9, 11], DecodeConfig(max_new_tokens=40)
         plain = decode(HFStaticBackend(model, 16, shared), prompt, cfg)
         for drafter in (NgramDrafter(), ModelDrafter(HFStaticBackend(model, 16, shared))):
@@ -237,5 +269,5 @@ def test_speculation_with_split_attention_equals_plain_decoding(tiny_llama):
 
 def test_an_unknown_attention_is_refused_by_name(tiny_llama, monkeypatch):
     monkeypatch.setenv("SPECDEC_ATTENTION", "flash")
-    with pytest.raises(specdec.SpecdecError, match="SPECDEC_ATTENTION must be one of sdpa, split, got 'flash'"):
+    with pytest.raises(specdec.SpecdecError, match="SPECDEC_ATTENTION must be one of sdpa, split, paged, got 'flash'"):
         StaticModel(tiny_llama)

@@ -84,23 +84,28 @@ class Model:
 
     @classmethod
     def from_hf(cls, name: str, hf_model, tokenizer, tune_kernels: bool = False,
-                graphs: bool | None = None) -> Model:
+                graphs: bool | None = None, exact: bool | None = None) -> Model:
         """Wrap a transformers causal LM you loaded yourself.
 
         Your model is left as it is unless ``tune_kernels`` asks specdec to route its linear
         layers through the matmul formulation measured fastest on this machine
         (:mod:`specdec.kernels`; undo with ``model.loaded.kernel_tuning.undo()``). ``graphs``: a
-        static KV cache with CUDA graphs (None: on for a model on a GPU).
+        static KV cache with CUDA graphs (None: on for a model on a GPU). ``exact``: every forward
+        padded to one shape, so speculation gives plain decoding's tokens (None: on a GPU, as
+        :func:`specdec.load` does; a CPU keeps its own batch-invariant path).
         """
+        from specdec.backends.hf import PAD_ROWS
         from specdec.backends.hf_load import prepared
         from specdec.registry import BACKENDS
 
         on_gpu = hf_model.device.type == "cuda"
-        weights, loaded_kernels = prepared(hf_model, name, tune_kernels, graphs=on_gpu if graphs is None else graphs)
+        pad = PAD_ROWS if (on_gpu if exact is None else exact) else 0
+        weights, loaded_kernels = prepared(hf_model, name, tune_kernels, pad,
+                                           graphs=on_gpu if graphs is None else graphs)
         loaded = LoadedModel(name, tokenizer, weights.make_backend,
                              eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
                              entry=BACKENDS.get("transformers"), cost_key=weights.cost_key, hf_model=hf_model,
-                             device=weights.device)
+                             exact=weights.exact, batched=weights.batched, device=weights.device)
         loaded.kernel_tuning = loaded_kernels
         return cls(loaded)
 

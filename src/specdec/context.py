@@ -103,6 +103,7 @@ class DraftContext:
     # What a drafter learns of the text itself (an index of earlier outputs), kept per tenant where
     # the server isolates them (specdec.loaded.LoadedModel.tenant_state); None: ``learned``.
     private: Learned | None = None
+    device: str = "cpu"  # where the model runs (cpu, cuda:0)
 
     def state(self, slot: LearnedSlot[T], make: Callable[[], T] | None = None) -> T:
         """Shorthand for ``self.learned.get(slot, make)``."""

@@ -211,6 +211,8 @@ class DecodeRun:
         draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
         if draft.is_tree and not self.target.supports_tree:
             draft = draft.subset(best_path(draft))
+        elif draft.is_tree and self.target.max_tree is not None:
+            draft = draft.truncated(self.target.max_tree - 1)  # nodes are best-first: a prefix is a tree
         return draft.truncated(self.policy.choose(draft)) if draft.tokens else draft
 
     def _finished(self, token: int) -> bool:

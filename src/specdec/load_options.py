@@ -113,6 +113,10 @@ class ServeOptions:
     batch: bool | None = declare(None, "continuous batching: the running generations' steps go into one forward "
                                        "(default: on where the backend can, llama.cpp; with exact kernels no answer "
                                        "changes)")
+    kv_memory: str | None = declare(None, "the GPU server's KV cache: bytes (8GiB, 512MiB) or a fraction of the "
+                                          "GPU's memory (0.3), allocated once; a request that does not fit waits "
+                                          "(default: what the slots can use, at most half the memory free after "
+                                          "loading)", metavar="SIZE")
     shared_index: bool = declare(False, "let every client draft from every other client's outputs (the --memory "
                                         "index, SuffixDecoding's global tree); by default each API key has its own "
                                         "and a request without a key only its own text, since how fast an answer "

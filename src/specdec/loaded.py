@@ -157,15 +157,18 @@ class LoadedModel:
         """Whether this model's backend can step several generations in one forward."""
         return self._batched_factory is not None
 
-    def enable_batching(self, slots: int) -> None:
+    def enable_batching(self, slots: int, kv_memory: str | None = None) -> None:
         """Run up to ``slots`` concurrent generations' forwards as one batch (continuous batching:
         a generation joins and leaves between steps). Each generation's draft length is then
         planned on the marginal cost of its rows in the batch. With exact kernels batching does
         not change any generation's tokens."""
         if self._batched_factory is None:
             raise SpecdecError(f"the {self.backend_name} backend cannot batch several sequences in one forward "
-                               f"(use --backend llamacpp, or serve without batching)")
-        shared = self._batched_factory(slots)
+                               f"here (batching runs on llama.cpp, and on transformers with --device cuda; "
+                               f"or serve without batching)")
+        if kv_memory is not None and not self.device.startswith("cuda"):
+            raise SpecdecError("--kv-memory sizes the GPU server's KV pool: it needs --device cuda")
+        shared = self._batched_factory(slots) if kv_memory is None else self._batched_factory(slots, kv_memory)
         shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
         self.batched = shared
         # The lowest free sequence first: llama.cpp puts only consecutive sequence ids in one slice
@@ -225,7 +228,7 @@ class LoadedModel:
 
         memory, private = self.tenant_state(tenant)
         return DraftContext(self.name, self.codec, self.eos_token_ids, self.pool, self.cost_model, self.learned,
-                            logit_width, memory, self.backend_name, layer_access, private)
+                            logit_width, memory, self.backend_name, layer_access, private, self.device)
 
     def use_costs(self, costs: CostModel | None) -> CostModel | None:
         """Put ``costs`` in place of this model's cost curve (None: measure or load it on next use);

@@ -34,6 +34,9 @@ class Backend(ABC):
     vocab_size: int
     max_length: int | None = None  # the model's context in tokens (None: unbounded)
     supports_tree: bool = False
+    # Nodes a tree extend may hold, its root included (None: any): a backend that runs every forward
+    # in one padded shape verifies trees within it, where plain decoding runs too.
+    max_tree: int | None = None
 
     @property
     @abstractmethod

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.errors import SpecdecError
+
 Step = Callable[[], torch.Tensor]
 WARMUP = 2  # eager runs before a capture: the compiler, cuBLAS's workspace and allocations settle
 
@@ -89,11 +91,18 @@ def capture(step: Step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     return graph, out
 
 
+# One kernel choice per process: once a compiled step has run, a later compile failure may not
+# leave another step on eager kernels (two sequences would round differently), and once one failed
+# every later step stays eager.
+_compile_state = {"fallback": False, "compiled_ran": False}
+
+
 def compiled(function: Callable, device: torch.device, enabled: bool | None = None) -> Callable:
     """``function`` through ``torch.compile`` (default mode: fused kernels, no graphs of its own) on
     CUDA (``enabled``: None) unless ``SPECDEC_COMPILE=0``; if compiling fails (no Triton, no
-    compiler), the eager function, with one line on stderr saying why. Elsewhere (or ``enabled``
-    False), ``function`` itself."""
+    compiler) before any compiled step ran in this process, eager functions from then on, with one
+    line on stderr saying why; after one ran, an error (a process runs one kind of kernels).
+    Elsewhere (or ``enabled`` False), ``function`` itself."""
     if enabled is None:
         enabled = device.type == "cuda" and os.environ.get("SPECDEC_COMPILE", "1") != "0"
     if not enabled:
@@ -102,21 +111,27 @@ def compiled(function: Callable, device: torch.device, enabled: bool | None = No
     # the cache's capacity alone is left symbolic (static_cache marks it), so a grown cache only
     # recaptures.
     fast = torch.compile(function, dynamic=False)
-    state = {"fallback": False}
+    state = _compile_state
 
     def run(*args, **kwargs):
         if state["fallback"]:
             return function(*args, **kwargs)
         try:
             with _compile_lock:  # two sequences compiling the same model at once compile it twice
-                return fast(*args, **kwargs)
+                out = fast(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any compiler failure leaves eager kernels, said once
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise
+            if state["compiled_ran"]:
+                raise SpecdecError(f"torch.compile failed ({type(error).__name__}: {str(error)[:200]}) after "
+                                   f"compiled kernels ran in this process; SPECDEC_COMPILE=0 runs eager kernels "
+                                   f"throughout") from error
             state["fallback"] = True
             print(f"specdec: warning: torch.compile failed ({type(error).__name__}: {str(error)[:200]}); "
                   f"graphs replay eager kernels (SPECDEC_COMPILE=0 skips compiling)", file=sys.stderr, flush=True)
             return function(*args, **kwargs)
+        state["compiled_ran"] = True
+        return out
 
     run.state = state  # type: ignore[attr-defined]  # {"fallback": True} once compiling failed
     return run

@@ -46,6 +46,8 @@ class HFBackend(Backend):
         # Padding crops the pad rows right after each forward, which recorded sliding layers cannot
         # take back (see reset): models with sliding layers run unpadded.
         self.pad_rows = 0 if self._sliding else pad_rows
+        # A tree wider than the padded shape would run in a shape plain decoding never runs.
+        self.max_tree = self.pad_rows or None
         self._unpadded = False  # set while a prefill runs (see prefill)
         self.reset()
 

@@ -61,14 +61,30 @@ def prepared(model, name: str, tune_kernels: bool, pad: int = 0, graphs: bool = 
     installed = kernels.install(model, kernels.tuned(model, key)) if tune else None
     kernels_name = "tuned" if tune else f"padded{pad}" if pad else "stock"
     make = lambda: HFBackend(model, pad)  # noqa: E731
+    batched = None
+    if graphs and pad and model.device.type == "cuda":
+        # A server's sequences in one forward of one shape (exact: no answer depends on the batch).
+        def batched(slots: int, kv_memory: str | None = None):
+            from specdec.backends.hf_batched import paged_batch
+
+            return paged_batch(model, slots, kv_memory)
     if graphs:
         from specdec.backends.hf_static import HFStaticBackend, StaticModel
 
         shared = StaticModel(model)
         make = lambda: HFStaticBackend(model, pad, shared)  # noqa: E731
         kernels_name += "-graphs" if model.device.type == "cuda" else "-static"
-    weights = LoadedWeights(make, f"{model.dtype}-{kernels_name}", model, exact=bool(pad), device=str(model.device))
+    # Exact only where every forward is padded: the growing cache runs models with sliding layers
+    # unpadded (HFBackend), the static cache pads them too.
+    exact = bool(pad) and (graphs or not _sliding(model.config))
+    weights = LoadedWeights(make, f"{model.dtype}-{kernels_name}", model, exact=exact, device=str(model.device),
+                            batched=batched)
     return weights, installed
+
+
+def _sliding(config) -> bool:
+    types = getattr(config, "layer_types", None) or []
+    return bool(getattr(config, "sliding_window", None)) and any("sliding" in str(t) for t in types)
 
 
 def _warn(message: str) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from specdec import tree as trees
+from specdec.backends import paged_attention
 from specdec.backends.base import check_keep, check_truncate
 from specdec.backends.cuda_graphs import Replay, compiled
 from specdec.backends.decode_attention import registered
@@ -31,14 +32,16 @@ PREFILL_CHUNK = 1024  # prompt rows per eager forward (its mask is rows x capaci
 # memory-bound, so 2 to 16 rows cost about what 16 do: only a lone row (a plain step, a draft
 # model's step) pays for a shape of its own, and each size is one more compile.
 BUCKETS = (1, 16, 32, 64)
-ATTENTION = ("sdpa", "split")
+ATTENTION = ("sdpa", "split", "paged")
 
 
 class StaticModel:
     """What the sequences of one model share: the step function (compiled once on a GPU), how the
-    model wants its mask, and the attention its decoding steps run: ``sdpa`` (the model's own) or
-    ``split`` (:mod:`specdec.backends.decode_attention`; default: ``SPECDEC_ATTENTION``, else sdpa).
-    Prompts are prefilled with the model's own attention either way."""
+    model wants its mask, and the attention its decoding steps run: ``sdpa`` (the model's own over
+    the whole buffer), ``split`` (:mod:`specdec.backends.decode_attention`) or ``paged``
+    (:mod:`specdec.backends.paged_attention`: only the slots the sequence holds); default:
+    ``SPECDEC_ATTENTION``, else paged on a GPU where Triton imports and sdpa elsewhere. Prompts are
+    prefilled with the model's own attention either way."""
 
     def __init__(self, model, compile: bool | None = None, attention: str | None = None) -> None:
         self.model = model
@@ -47,10 +50,12 @@ class StaticModel:
         self.layer_types = list(getattr(config, "layer_types", None) or [])
         self.sliding = self.window > 0 and any("sliding" in str(t) for t in self.layer_types)
         self.additive = getattr(config, "_attn_implementation", None) == "eager"
-        self.attention = attention or os.environ.get("SPECDEC_ATTENTION", "sdpa")
+        self.attention = attention or os.environ.get("SPECDEC_ATTENTION") or _default_attention(model.device)
         if self.attention not in ATTENTION:
             raise SpecdecError(f"SPECDEC_ATTENTION must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        self.kernel = paged_attention.choice(model.device)
         self.step = compiled(self.forward, model.device, compile)
+        self.paged_step = compiled(self.paged_forward, model.device, compile)
 
     def decode(self, cache, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` (compiled) as a decoding step runs it: with the step's attention."""
@@ -58,11 +63,25 @@ class StaticModel:
             return self.step(cache, ids, positions, block)
         config = self.model.config
         before = config._attn_implementation
-        config._attn_implementation = registered()  # read by every layer at call time (and at capture)
+        # read by every layer at call time (and at capture)
+        config._attn_implementation = registered() if self.attention == "split" else paged_attention.registered()
         try:
+            if self.attention == "paged":
+                return self.paged_step(cache, ids, positions, block)
             return self.step(cache, ids, positions, block)
         finally:
             config._attn_implementation = before
+
+    def paged_forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` with :mod:`paged_attention` reading the buffer as pages in order, only as
+        far as the sequence holds (its first slot is the cached length; no mask over the buffer)."""
+        table = torch.arange(cache.layers[0].keys.shape[2] // paged_attention.PAGE, device=ids.device)[None]
+        meta = paged_attention.PagedMeta(table, cache.slots[:1], block.bool()[None], positions, "static", self.kernel)
+        placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
+        mask = ({"full_attention": placeholder, "sliding_attention": placeholder} if self.sliding else placeholder)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, specdec_paged=meta)
+        return out.logits[0].float()
 
     def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
                 last: int = 0) -> torch.Tensor:
@@ -97,6 +116,10 @@ class StaticModel:
         dtype = self.model.dtype
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
             ~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def _default_attention(device: torch.device) -> str:
+    return "paged" if paged_attention.choice(device) == "triton" else "sdpa"
 
 
 class _Graph:
@@ -154,6 +177,7 @@ class HFStaticBackend(HFBackend):
         self._tril: dict[int, np.ndarray] = {}
         super().__init__(model, pad_rows)
         self.pad_rows = pad_rows  # every position stays in the cache: sliding layers pad too
+        self.max_tree = pad_rows or None
 
     # -- capacity ---------------------------------------------------------------------------------
     def reserve(self, tokens: int) -> None:

@@ -212,6 +212,11 @@ def shared_state(target: DraftContext, rows: int = HEAD_ROWS) -> tuple[DraftHead
     across generations (built on first use: ranking the head and timing the full one)."""
     if not target.layer_access:
         raise SpecdecError(no_body_message(f"the {target.backend_name} backend"))
+    if target.device.startswith("cuda"):
+        # Its layer passes run eagerly and unpadded, outside the one padded shape of every GPU forward.
+        raise SpecdecError("the self drafter is not available on a GPU: its layer passes would run outside "
+                           "the one padded shape every GPU forward has, so its drafts could part from plain "
+                           "decoding (use --drafter ngram, or a draft model: --drafter model)")
 
     def build() -> tuple[DraftHead, Measured]:
         costs = target.costs()

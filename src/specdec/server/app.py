@@ -55,7 +55,7 @@ class Server:
             # from its earlier answers, bounded.
             loaded.enable_memory(capacity=self.config.index_tokens)
         if self.config.batch and loaded.batched is None:
-            loaded.enable_batching(self.config.slots)
+            loaded.enable_batching(self.config.slots, self.config.kv_memory)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
@@ -73,7 +73,11 @@ class Server:
 
     # -- what the routes read (specdec.server.routes.Served) ----------------------------------------
     def health(self) -> dict:
-        return {"status": "ok", "model": self.model.name, "uptime_s": round(time.time() - self.started, 1)}
+        out = {"status": "ok", "model": self.model.name, "uptime_s": round(time.time() - self.started, 1)}
+        batched = self.model.loaded.batched
+        if batched is not None:  # what the batch did: forwards, their rows and seconds
+            out["batch"] = {"ticks": batched.ticks, "rows": batched.rows, "decode_s": round(batched.decode_s, 3)}
+        return out
 
     def models(self) -> list[dict]:
         return [{"id": name, "object": "model", "created": int(self.started), "owned_by": "specdec"}

@@ -10,6 +10,7 @@ that goes away frees its slot and backend after the step in flight.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -59,10 +60,52 @@ class Scheduler:
                 return await anyio.to_thread.run_sync(call, *args)
 
     async def steps(self, run: DecodeRun) -> AsyncIterator[StepTrace]:
-        """The steps of ``run``, each computed in its turn."""
-        steps = iter(run)
+        """The steps of ``run``, each computed in its turn (serial), or one after another in a
+        worker thread of the generation's own (batched: see :meth:`_running`)."""
         try:
-            while (step := await self.run(next, steps, None)) is not None:
-                yield step
+            if self.compute is not None:
+                steps = iter(run)
+                while (step := await self.run(next, steps, None)) is not None:
+                    yield step
+            else:
+                async for step in self._running(run):
+                    yield step
         finally:
             run.close()  # hands the backend back now, also when the client went away
+
+    async def _running(self, run: DecodeRun) -> AsyncIterator[StepTrace]:
+        """Batched: the generation steps in one worker thread from start to end and hands each step
+        over as it comes. A thread hop per step would put every step's next forward behind the
+        event loop's turn (with many streams, late for the batch it could have joined). A consumer
+        that stops (the client left) stops the thread after the step in flight and waits for it."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        done = object()
+
+        def work() -> None:
+            try:
+                for step in run:
+                    loop.call_soon_threadsafe(queue.put_nowait, step)
+                    if stop.is_set():
+                        break
+            except BaseException as exc:  # noqa: BLE001 - raised in the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, _Failed(exc))
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, done)
+
+        worker = asyncio.ensure_future(anyio.to_thread.run_sync(work, limiter=self.limiter))
+        try:
+            while (item := await queue.get()) is not done:
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()
+            with anyio.CancelScope(shield=True):
+                await worker  # no step in flight once it returns: the run may be closed
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error

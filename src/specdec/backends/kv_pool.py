@@ -1,0 +1,130 @@
+"""One pool of KV-cache pages on a device for every sequence a server runs, within a memory budget.
+
+Every layer's keys and values are ``[pages, PAGE, kv_heads, head_dim]``, allocated once: memory is
+the same after the thousandth request as after the first, and a request that does not fit waits
+for pages instead of failing with an out-of-memory error. A sequence takes the pages its prompt
+and answer need when it starts (:meth:`KVPool.take`, all or nothing) and gives them back when it
+ends. Page 0 is never handed out: the empty slots of a padded batch write their rows there.
+
+The budget is ``--kv-memory``: bytes (``8GiB``, ``512MiB``, ``2000000000``) or a fraction of the
+device's memory (``0.3``); by default what the slots can use at most (every slot at the model's
+context), capped at :data:`DEFAULT_FRACTION` of the memory free after the weights loaded, which
+leaves the rest for the compile, the graphs and a tick's logits.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterable
+
+import torch
+
+from specdec.backends.paged_attention import PAGE
+from specdec.errors import SpecdecError
+
+DEFAULT_FRACTION = 0.5  # of the device memory free after loading, at most, by default
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def kv_shape(config) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a transformers config."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, heads, head_dim
+
+
+def page_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of one page of keys and values over every layer."""
+    layers, heads, head_dim = kv_shape(config)
+    return 2 * layers * PAGE * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def parse_budget(text: str | float | int) -> tuple[int | None, float | None]:
+    """``(bytes, None)`` or ``(None, fraction)`` from ``--kv-memory``'s value, or a clear error."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise SpecdecError(f"--kv-memory takes bytes (8GiB, 512MiB, 2000000000) or a fraction of the device's "
+                           f"memory (0.3), got {text!r}")
+    value = float(match.group(1))
+    if not unit and value < 1:
+        if value <= 0:
+            raise SpecdecError(f"--kv-memory must be more than 0, got {text!r}")
+        return None, value
+    return int(value * _UNITS[unit]), None
+
+
+def budget_pages(config, dtype: torch.dtype, device: torch.device, slots: int, tokens_per_slot: int,
+                 kv_memory: str | None = None) -> int:
+    """Pages of the pool (page 0 included) for ``slots`` sequences of up to ``tokens_per_slot``
+    slots each, within the budget (see the module)."""
+    size = page_bytes(config, dtype)
+    most = slots * -(-tokens_per_slot // PAGE) + 1  # more could never be used at once
+    if kv_memory is None:
+        if device.type != "cuda":
+            return most
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(2, min(most, int(free * DEFAULT_FRACTION) // size))
+    amount, fraction = parse_budget(kv_memory)
+    if fraction is not None:
+        if device.type != "cuda":
+            raise SpecdecError("--kv-memory as a fraction needs a GPU: give bytes (e.g. 2GiB) on a CPU")
+        amount = int(torch.cuda.get_device_properties(device).total_memory * fraction)
+    pages = amount // size
+    if pages < 2:
+        raise SpecdecError(f"--kv-memory {kv_memory} holds no page of {PAGE} tokens ({size} bytes each)")
+    return min(pages, most)
+
+
+class KVPool:
+    """The pages, and who holds them (see the module). Thread-safe."""
+
+    def __init__(self, config, pages: int, device: torch.device, dtype: torch.dtype) -> None:
+        if pages < 2:
+            raise SpecdecError(f"a KV pool needs at least 2 pages, got {pages}")
+        layers, heads, head_dim = kv_shape(config)
+        self.pages = pages
+        self.page_bytes = page_bytes(config, dtype)
+        with torch.inference_mode(False):  # written in and out of inference mode
+            self.keys = [torch.zeros(pages, PAGE, heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+            self.values = [torch.zeros(pages, PAGE, heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+        self._free = list(range(pages - 1, 0, -1))  # page 0 is the empty slots' scratch
+        self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        """Pages a sequence can hold at most (all but the scratch page)."""
+        return self.pages - 1
+
+    @property
+    def free(self) -> int:
+        with self._cond:
+            return len(self._free)
+
+    def take(self, count: int, timeout: float | None = None) -> list[int]:
+        """``count`` pages, waiting (up to ``timeout`` seconds; None: as long as it takes) until
+        that many are free; all or nothing."""
+        if count > self.capacity:
+            raise SpecdecError(f"this request needs {count * PAGE} tokens of KV cache; the pool holds "
+                               f"{self.capacity * PAGE} (--kv-memory, or ask for fewer tokens)")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while len(self._free) < count:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise SpecdecError(f"the KV pool has {len(self._free)} free pages, {count} needed")
+                self._cond.wait(left)
+            taken, self._free = self._free[-count:][::-1] if count else [], self._free[:len(self._free) - count]
+            return taken
+
+    def give(self, pages: Iterable[int]) -> None:
+        pages = list(pages)
+        if not pages:
+            return
+        with self._cond:
+            self._free.extend(reversed(pages))
+            self._cond.notify_all()

@@ -1,0 +1,466 @@
+"""The GPU server's batch (:mod:`specdec.backends.hf_batched`) checked on the CPU with the graph's
+eager step: the same pool, tick inputs, masks and attention as under CUDA graphs, every tick called
+instead of replayed.
+
+What it must hold: a sequence in the batch gives the growing cache's logits (bit for bit in
+float64, chains and trees, under rollback); its answers do not depend on which other sequences
+share its ticks (greedy and seeded, with drafts verified); the KV pool bounds memory, makes a
+request that does not fit wait, and gets every page back; the paged attention reads the held
+slots only, the same in its Triton kernel (run by Triton's interpreter where Triton is installed)
+as in PyTorch ops."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import tree as trees
+from specdec.backends import paged_attention as pa
+from specdec.backends.hf import HFBackend
+from specdec.backends.hf_batched import PagedBatch
+from specdec.backends.kv_pool import KVPool, budget_pages, parse_budget
+from specdec.drafters.base import Drafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import DecodeConfig, decode
+from specdec.errors import SpecdecError
+from specdec.policies.fixed import FixedK
+from specdec.sampling import SamplingParams
+from specdec.types import Draft
+
+PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 11], [1, 7, 8, 7, 8, 30, 7, 8], [1, 40, 41, 42, 40, 41, 42],
+           [1, 3, 4, 5, 6, 3, 4, 5, 6, 3], [1, 60, 61, 60, 61, 60]]
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_llama):
+    return PagedBatch(tiny_llama, slots=len(PROMPTS), pages=48, max_length=200)
+
+
+@pytest.fixture(scope="module")
+def draft_llama(tiny_llama):
+    """The same weights in a model object of their own: a batch's ticks switch its model's attention
+    while they run, so a draft model running beside them is another object (as a server's is)."""
+    import copy
+
+    return copy.deepcopy(tiny_llama)
+
+
+def _lease(batch: PagedBatch):
+    """A sequence of ``batch`` and its hand-back (idle, then its slot freed)."""
+    seq = batch.backend()
+
+    def back() -> None:
+        seq.idle()
+        seq.__del__()
+    return seq, back
+
+
+def _run(batch, prompt, config, drafter=None, policy=None):
+    seq, back = _lease(batch)
+    try:
+        return decode(seq, prompt, config, drafter, policy)
+    finally:
+        back()
+
+
+# -- attention --------------------------------------------------------------------------------------------
+def _attention_case(seed: int, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    b, heads, kv_heads, rows, dim, pages = 3, 6, 2, 16, 16, 24
+    keys = torch.randn(pages, pa.PAGE, kv_heads, dim, generator=g, dtype=dtype)
+    values = torch.randn(pages, pa.PAGE, kv_heads, dim, generator=g, dtype=dtype)
+    table = torch.stack([torch.randperm(pages - 1, generator=g)[:6] + 1 for _ in range(b)])
+    start = torch.tensor([0, 70, 300])
+    tree = [-1, 0, 0, 1, 1, 2, -1, 6] + [-1] * 8
+    block = torch.stack([torch.ones(rows, rows).tril().bool(), trees.ancestor_mask(tree),
+                         torch.ones(rows, rows).tril().bool()])
+    positions = start[:, None] + torch.arange(rows)[None]
+    positions[1] = start[1] - 1 + torch.tensor(trees.depths(tree))
+    q = torch.randn(b, heads, rows, dim, generator=g, dtype=dtype)
+    return q, keys, values, pa.PagedMeta(table, start, block, positions)
+
+
+def _naive(q, keys, values, meta, scale, window=0):
+    """Row by row: the slots before start, the block's own rows, softmax, weighted values."""
+    b, heads, rows, dim = q.shape
+    kv_heads = keys.shape[2]
+    out = torch.zeros(b, rows, heads, dim, dtype=q.dtype)
+    for s in range(b):
+        k = keys[meta.table[s]].reshape(-1, kv_heads, dim)
+        v = values[meta.table[s]].reshape(-1, kv_heads, dim)
+        start = int(meta.start[s])
+        for r in range(rows):
+            slots = list(range(start)) + [start + c for c in range(rows) if meta.block[s, r, c]]
+            key_pos = [j if j < start else int(meta.positions[s, j - start]) for j in slots]
+            if window:
+                slots = [j for j, p in zip(slots, key_pos) if int(meta.positions[s, r]) - p < window]
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                scores = (k[slots, kh] @ q[s, h, r]) * scale
+                out[s, r, h] = torch.softmax(scores, 0) @ v[slots, kh]
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_the_reference_attention_sees_the_cached_slots_and_the_blocks_rows(window):
+    q, keys, values, meta = _attention_case(0)
+    got = pa.reference_attention(q, keys, values, meta, 0.25, window)
+    assert torch.allclose(got, _naive(q, keys, values, meta, 0.25, window), atol=1e-12)
+
+
+def test_a_sequences_attention_does_not_depend_on_the_others():
+    q, keys, values, meta = _attention_case(1)
+    together = pa.reference_attention(q, keys, values, meta, 0.25)
+    for s in range(q.shape[0]):
+        alone = pa.PagedMeta(meta.table[s:s + 1], meta.start[s:s + 1], meta.block[s:s + 1], meta.positions[s:s + 1])
+        assert torch.equal(pa.reference_attention(q[s:s + 1], keys, values, alone, 0.25)[0], together[s])
+
+
+def test_a_static_cache_is_read_as_pages_in_order():
+    q, keys, values, meta = _attention_case(2)
+    s = 2
+    buffer_k = keys[meta.table[s]].reshape(-1, *keys.shape[2:]).permute(1, 0, 2)[None].contiguous()
+    buffer_v = values[meta.table[s]].reshape(-1, *values.shape[2:]).permute(1, 0, 2)[None].contiguous()
+    static = pa.PagedMeta(torch.arange(meta.table.shape[1])[None], meta.start[s:s + 1], meta.block[s:s + 1],
+                          meta.positions[s:s + 1], layout="static")
+    pooled = pa.PagedMeta(meta.table[s:s + 1], meta.start[s:s + 1], meta.block[s:s + 1], meta.positions[s:s + 1])
+    assert torch.equal(pa.reference_attention(q[s:s + 1], buffer_k, buffer_v, static, 0.25),
+                       pa.reference_attention(q[s:s + 1], keys, values, pooled, 0.25))
+
+
+def _interpreted_triton():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernel runs here only under TRITON_INTERPRET=1 (set before Triton imports)")
+    pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("layout", ["pool", "static"])
+@pytest.mark.parametrize("window", [0, 40])
+def test_the_triton_kernel_gives_the_reference_attention(layout, window):
+    _interpreted_triton()
+    q, keys, values, meta = _attention_case(3, torch.float32)
+    if layout == "static":
+        keys = keys[meta.table[1]].reshape(-1, *keys.shape[2:]).permute(1, 0, 2)[None].contiguous()
+        values = values[meta.table[1]].reshape(-1, *values.shape[2:]).permute(1, 0, 2)[None].contiguous()
+        meta = pa.PagedMeta(torch.arange(meta.table.shape[1])[None], meta.start[1:2], meta.block[1:2],
+                            meta.positions[1:2], layout="static")
+        q = q[1:2]
+    got = pa.triton_attention(q, keys, values, meta, 0.25, window)
+    assert torch.allclose(got, pa.reference_attention(q, keys, values, meta, 0.25, window), atol=1e-5)
+
+
+def test_the_triton_kernel_is_batch_invariant():
+    _interpreted_triton()
+    q, keys, values, meta = _attention_case(4, torch.float32)
+    together = pa.triton_attention(q, keys, values, meta, 0.25)
+    alone = pa.PagedMeta(meta.table[2:3], meta.start[2:3], meta.block[2:3], meta.positions[2:3])
+    assert torch.equal(pa.triton_attention(q[2:3], keys, values, alone, 0.25)[0], together[2])
+
+
+def test_an_unknown_kernel_is_refused_by_name(monkeypatch):
+    pa._choice.cache_clear()
+    monkeypatch.setenv("SPECDEC_PAGED_KERNEL", "flash")
+    try:
+        with pytest.raises(SpecdecError, match="SPECDEC_PAGED_KERNEL must be one of triton, reference"):
+            pa.choice(torch.device("cpu"))
+    finally:
+        pa._choice.cache_clear()
+    monkeypatch.delenv("SPECDEC_PAGED_KERNEL")
+    assert pa.choice(torch.device("cpu")) == "reference"
+
+
+# -- one sequence -------------------------------------------------------------------------------------------
+def test_a_batched_sequence_gives_the_growing_caches_logits_bit_for_bit(batch, tiny_llama):
+    """Random chains and trees, each followed by a rollback (a chain cut anywhere, a tree's random
+    path kept), in float64: the pool, the tick's inputs and the masks are the growing cache's."""
+    rng = random.Random(0)
+    seq, back = _lease(batch)
+    try:
+        twin = HFBackend(tiny_llama)
+        seq.reserve(150)
+        for backend in (seq, twin):
+            backend.prefill(list(range(3, 70)))  # past one page
+        trees_seen = 0
+        for step in range(30):
+            chunk = [rng.randrange(3, 96) for _ in range(rng.randint(1, 16))]
+            tree = None
+            if rng.random() < 0.4:
+                tree = [-1] + [rng.randrange(-1, i) for i in range(len(chunk) - 1)]
+                trees_seen += 1
+            got, want = seq.extend(chunk, tree=tree), twin.extend(chunk, tree=tree)
+            assert torch.equal(got, want), f"step {step}: max diff {(got - want).abs().max()}"
+            base = seq.length - len(chunk)
+            if tree is not None:
+                node, path = rng.randrange(len(chunk)), []
+                while node >= 0:
+                    path.append(node)
+                    node = tree[node]
+                for backend in (seq, twin):
+                    backend.truncate(base, keep=path[::-1])
+            else:
+                keep = rng.randint(base, seq.length)
+                for backend in (seq, twin):
+                    backend.truncate(keep)
+        assert trees_seen >= 5
+    finally:
+        back()
+
+
+def test_a_chain_longer_than_a_block_runs_as_consecutive_blocks(batch, tiny_llama):
+    seq, back = _lease(batch)
+    try:
+        seq.reserve(100)
+        twin = HFBackend(tiny_llama)
+        for backend in (seq, twin):
+            backend.prefill([1, 2, 3])
+        before = batch.ticks
+        assert torch.equal(seq.extend(list(range(10, 50))), twin.extend(list(range(10, 50))))
+        assert batch.ticks - before == 3  # 40 rows in blocks of 16
+    finally:
+        back()
+
+
+def test_a_tree_wider_than_a_block_is_refused_and_the_engine_cuts_drafts_to_fit(batch):
+    seq, back = _lease(batch)
+    try:
+        seq.reserve(60)
+        seq.prefill([1, 2, 3])
+        with pytest.raises(ValueError, match="at most 16 nodes"):
+            seq.extend(list(range(10, 27)), tree=[-1] * 17)
+        assert seq.max_tree == 16
+    finally:
+        back()
+    # A tree drafter asked for more nodes than a block holds gets a tree of 15 nodes verified.
+    class Wide(Drafter):
+        def propose(self, tokens, k, stop=None):
+            return Draft([3 + i % 90 for i in range(k)], parents=[-1 if i < 8 else i % 8 for i in range(k)])
+
+    config = DecodeConfig(max_new_tokens=24)
+    out = _run(batch, PROMPTS[0], config, Wide(), FixedK(40))
+    assert max(len(s.drafted) for s in out.trace) == 15
+    assert out.token_ids == _run(batch, PROMPTS[0], config).token_ids
+
+
+# -- many sequences -------------------------------------------------------------------------------------------
+def _together(batch, runs):
+    """Each of ``runs`` (prompt, config, drafter, policy) in its own thread at once; their tokens."""
+    out: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def one(i, args):
+        try:
+            time.sleep(0.002 * i)  # staggered: sequences join and leave between ticks
+            out[i] = _run(batch, *args).token_ids
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return [out[i] for i in range(len(runs))]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_every_answer_is_the_same_as_the_requests_alone(batch, draft_llama, sampled):
+    sampling = SamplingParams(temperature=0.9, top_k=20, seed=7) if sampled else SamplingParams()
+    configs = [DecodeConfig(max_new_tokens=20 + 5 * i, sampling=sampling) for i in range(len(PROMPTS))]
+    drafters = [lambda: NgramDrafter(), lambda: NgramDrafter(tree=True), lambda: None,
+                lambda: ModelDrafter(HFBackend(draft_llama)), lambda: NgramDrafter()]
+    runs = [(p, c, d(), FixedK(6) if d() is not None else None) for p, c, d in zip(PROMPTS, configs, drafters)]
+    alone = [_run(batch, *r) for r in runs]
+    assert sum(out.stats.accepted for out in alone) > 0, "no draft was verified: the comparison says nothing"
+    plain = [_run(batch, p, c).token_ids for p, c in zip(PROMPTS, configs)]
+    assert [out.token_ids for out in alone] == plain
+    runs = [(p, c, d(), FixedK(6) if d() is not None else None) for p, c, d in zip(PROMPTS, configs, drafters)]
+    ticks = batch.ticks
+    assert _together(batch, runs) == plain
+    assert batch.ticks > ticks
+
+
+def test_a_tick_holds_every_running_sequences_rows(tiny_llama):
+    batch = PagedBatch(tiny_llama, slots=4, pages=40, max_length=200, gather_s=0.5)
+    batch.trace = []
+    _together(batch, [(p, DecodeConfig(max_new_tokens=12), None, None) for p in PROMPTS[:4]])
+    assert max(len(rows) for rows, _ in batch.trace) == 4  # lockstep: four sequences in one tick
+
+
+# -- memory ---------------------------------------------------------------------------------------------------
+def test_a_request_that_does_not_fit_waits_for_pages_and_memory_stays_flat(tiny_llama):
+    # Room for one sequence of 128 tokens at a time: the second waits until the first is done.
+    batch = PagedBatch(tiny_llama, slots=2, pages=4, max_length=180)
+    assert batch.pool.capacity == 3
+    config = DecodeConfig(max_new_tokens=100)
+    done: list[tuple[int, float]] = []
+
+    def one(i):
+        _run(batch, PROMPTS[i], config)
+        done.append((i, time.monotonic()))
+    first = threading.Thread(target=one, args=(0,))
+    first.start()
+    while batch.pool.free == 3:
+        time.sleep(0.001)
+    second = threading.Thread(target=one, args=(1,))
+    second.start()
+    first.join()
+    second.join()
+    assert [i for i, _ in done] == [0, 1] and batch.pool.free == 3
+    storage = {t.data_ptr() for t in batch.pool.keys}
+    for i in range(20):
+        _run(batch, PROMPTS[i % len(PROMPTS)], DecodeConfig(max_new_tokens=10))
+    assert batch.pool.free == 3 and {t.data_ptr() for t in batch.pool.keys} == storage
+
+
+def test_a_request_larger_than_the_pool_is_refused_with_what_would_fit(tiny_llama):
+    batch = PagedBatch(tiny_llama, slots=1, pages=3, max_length=180)
+    with pytest.raises(SpecdecError, match="needs 192 tokens of KV cache; the pool holds 128"):
+        _run(batch, PROMPTS[0], DecodeConfig(max_new_tokens=160))
+    assert batch.pool.free == 2
+
+
+def test_pages_are_taken_all_or_nothing_and_given_back():
+    from transformers import LlamaConfig
+
+    pool = KVPool(LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1), 5, torch.device("cpu"),
+                  torch.float32)
+    a = pool.take(3)
+    with pytest.raises(SpecdecError, match="1 free pages, 2 needed"):
+        pool.take(2, timeout=0.01)
+    assert pool.free == 1 and 0 not in a
+    pool.give(a)
+    assert pool.free == 4 and sorted(pool.take(4)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("text, parsed", [("8GiB", (8 * 2**30, None)), ("512MiB", (512 * 2**20, None)),
+                                          ("2000000000", (2000000000, None)), ("0.3", (None, 0.3)),
+                                          ("1.5gb", (1_500_000_000, None))])
+def test_the_memory_budget_reads_bytes_or_a_fraction(text, parsed):
+    assert parse_budget(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "0", "3 parsecs"])
+def test_a_bad_memory_budget_says_what_it_takes(text):
+    with pytest.raises(SpecdecError, match="--kv-memory"):
+        parse_budget(text)
+
+
+def test_the_budget_caps_the_pool_at_what_the_slots_can_use(tiny_llama):
+    config, dtype, cpu = tiny_llama.config, tiny_llama.dtype, torch.device("cpu")
+    assert budget_pages(config, dtype, cpu, 4, 1000) == 4 * 16 + 1  # no budget on a CPU: what they can use
+    small = budget_pages(config, dtype, cpu, 4, 1000, "64KiB")
+    assert 2 <= small < 65
+    with pytest.raises(SpecdecError, match="fraction of the device's memory needs a GPU|needs a GPU"):
+        budget_pages(config, dtype, cpu, 4, 1000, "0.5")
+
+
+# -- through the server --------------------------------------------------------------------------------------
+def test_the_server_batches_transformers_sequences_and_answers_as_alone(tiny_model_dir):
+    """``specdec serve`` with the batch a GPU runs (here its eager step): concurrent streamed
+    requests with drafts get the answers each gets alone, and the pool gets every page back."""
+    from fastapi.testclient import TestClient
+
+    import specdec
+    from specdec.backends.hf_batched import paged_batch
+    from specdec.server.app import Server
+    from specdec.server.settings import ServeConfig
+
+    model = specdec.load(str(tiny_model_dir))
+    hf = model.loaded.hf_model
+    model.loaded._batched_factory = lambda slots, kv_memory=None: paged_batch(hf, slots, kv_memory, max_length=256)
+    app = Server(model, config=ServeConfig(slots=3, batch=True, index_tokens=0)).app()
+    bodies = [{"model": model.name, "prompt": p, "max_tokens": 24, "temperature": 0, "drafter": d, "num_draft": 4, "policy": "fixed"}
+              for p, d in [("the quick brown fox jumps over the lazy dog the quick", "ngram"),
+                           ("hello world, hello there; hello", "ngram"), ("0123456789 + - 0123", "none"),
+                           ("speculative decoding drafts and verifies speculative", "ngram")]]
+    with TestClient(app) as client:
+        alone = [client.post("/v1/completions", json=b).json() for b in bodies]
+        results: dict[int, dict] = {}
+
+        def ask(i):
+            results[i] = client.post("/v1/completions", json=bodies[i]).json()
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [r["choices"][0]["text"] for r in alone] == [results[i]["choices"][0]["text"] for i in range(len(bodies))]
+    assert sum(r["speculative"]["draft_n_accepted"] for r in alone) > 0
+    batch = model.loaded.batched
+    assert batch is not None and batch.ticks > 0 and batch.pool.free == batch.pool.capacity
+
+
+def test_kv_memory_needs_a_gpu(tiny_model_dir):
+    import specdec
+
+    model = specdec.load(str(tiny_model_dir))
+    model.loaded._batched_factory = lambda slots, kv_memory=None: None
+    with pytest.raises(SpecdecError, match="--kv-memory sizes the GPU server's KV pool: it needs --device cuda"):
+        model.loaded.enable_batching(2, "1GiB")
+
+
+def test_transformers_batches_only_on_a_gpu(tiny_model_dir):
+    import specdec
+
+    loaded = specdec.load(str(tiny_model_dir)).loaded
+    assert not loaded.can_batch
+    with pytest.raises(SpecdecError, match="transformers with --device cuda"):
+        loaded.enable_batching(2)
+
+
+def test_inputs_of_an_empty_slot_write_to_the_scratch_page(batch):
+    inputs = batch._inputs
+    inputs.fill([], batch.width)
+    assert not inputs.host_views["table"].any()
+    assert np.array_equal(inputs.host_views["flat"], np.tile(np.arange(batch.width), batch.slots))
+    assert np.array_equal(inputs.host_views["block"][0], np.eye(batch.width))
+
+
+# -- exactness on a GPU: what is reported and refused ---------------------------------------------------------
+def test_exact_is_reported_only_where_every_forward_is_padded(tiny_gemma3, tiny_llama):
+    from specdec.backends.hf_load import prepared
+
+    # The growing cache runs a model with sliding layers unpadded (--no-graphs): not exact.
+    assert not prepared(tiny_gemma3, "g", False, pad=16, graphs=False)[0].exact
+    assert prepared(tiny_gemma3, "g", False, pad=16, graphs=True)[0].exact
+    assert prepared(tiny_llama, "l", False, pad=16, graphs=False)[0].exact
+    assert not prepared(tiny_llama, "l", False, pad=0, graphs=False)[0].exact
+
+
+def test_a_model_wrapped_by_hand_is_padded_when_asked_and_on_a_gpu_by_default(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import specdec
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert not specdec.Model.from_hf("m", hf, tok).exact  # a CPU keeps its own path
+    padded = specdec.Model.from_hf("m", hf, tok, exact=True)
+    assert padded.exact and padded.loaded.backend().pad_rows == 16
+
+
+def test_padded_trees_stay_within_the_padded_shape(tiny_llama):
+    class Wide(Drafter):
+        def propose(self, tokens, k, stop=None):
+            return Draft([3 + i % 90 for i in range(k)], parents=[-1 if i < 8 else i % 8 for i in range(k)])
+
+    out = decode(HFBackend(tiny_llama, 16), PROMPTS[1], DecodeConfig(max_new_tokens=20), Wide(), FixedK(40))
+    assert max(len(s.drafted) for s in out.trace) == 15
+    assert HFBackend(tiny_llama, 0).max_tree is None
+
+
+def test_the_self_drafter_is_refused_on_a_gpu_by_what_it_would_break(tiny):
+    from dataclasses import replace
+
+    from specdec.drafters.self_spec import shared_state
+
+    context = replace(tiny.loaded.draft_context(), device="cuda:0")
+    with pytest.raises(SpecdecError, match="self drafter is not available on a GPU.*--drafter ngram"):
+        shared_state(context)
