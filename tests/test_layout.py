@@ -176,3 +176,23 @@ def test_every_declared_dependency_is_used():
     assert not unused, f"declared in pyproject.toml, imported nowhere in src/specdec: {unused}"
     for name, user in NEEDED_BY_OTHERS.items():
         assert name in declared and user in used, (name, user)
+
+
+def test_a_registry_scans_past_a_helper_whose_optional_library_is_missing(tmp_path, monkeypatch):
+    """A module of a registered package that imports an optional accelerator's library at the top
+    (the paged attention's Triton kernels) is skipped where the library is missing, and the others
+    register; a module missing one of specdec's own modules still fails the scan."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def package(name: str, kernels: str):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "__init__.py").write_text("from specdec.registry import Registry\n"
+                                            f"REG = Registry('thing', {name!r})\n")
+        (folder / "a_kernels.py").write_text(kernels)
+        (folder / "b_entry.py").write_text(f"from {name} import REG\nREG.add('b', 'entry')\n")
+        return __import__(name).REG
+
+    assert package("optional_pkg", "import a_library_nobody_installed\n").names() == ["b"]
+    with pytest.raises(ModuleNotFoundError):
+        package("broken_pkg", "import specdec.a_module_that_is_not_there\n").names()

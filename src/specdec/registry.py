@@ -63,7 +63,14 @@ class Registry(Generic[E]):
         self._discovered = True
         pkg = importlib.import_module(self.package)
         for info in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{self.package}.{info.name}")
+            try:
+                importlib.import_module(f"{self.package}.{info.name}")
+            except ModuleNotFoundError as error:
+                # A helper module for an optional accelerator (the paged attention's Triton kernels)
+                # imports its library at the top and registers nothing: without the library it is
+                # not there, and the registry still is. specdec's own modules must always import.
+                if (error.name or "").split(".")[0] == "specdec":
+                    raise
 
 
 # -- drafters -----------------------------------------------------------------------------------
