@@ -118,7 +118,8 @@ test-peers: setup llama-peers arctic-suffix
 # ngram beside stock llama-server plain and n-gram types, in one bench run each) at one clean commit,
 # then the table, bench-results/README.md and the pages' bound values regenerated. Under an hour on
 # 2 cores; the CPU should be otherwise idle (timings).
-results: setup llama-peers
+# SPECDEC_LLAMA_CPP_BIN=DIR uses a llama-server built elsewhere instead of building the peers here.
+results: setup $(if $(SPECDEC_LLAMA_CPP_BIN),,llama-peers)
 	$(PY) scripts/readme_results.py
 
 # The documentation site into site/ (MkDocs; mkdocs.yml): strict, so a broken link or reference fails.
