@@ -45,10 +45,15 @@ LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 TORCH_VERSION        := 2.13.0
 TRANSFORMERS_VERSION := 5.23.0
 
+# The sdist fetched by its address and checked by its hash: `pip download` of an sdist first builds
+# its metadata in an isolated environment (scikit-build-core, cmake), a minute on the critical path of
+# a fresh clone's setup.
+LLAMA_SDIST_URL    := https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$(LLAMA_VERSION).tar.gz
+LLAMA_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 $(LLAMA_SDIST):
 	mkdir -p $(dir $@)
-	python3 -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d $(dir $@) \
-	  llama-cpp-python==$(LLAMA_VERSION)
+	curl -sSfL -o $@.part $(LLAMA_SDIST_URL)
+	echo "$(LLAMA_SDIST_SHA256)  $@.part" | sha256sum -c --quiet && mv $@.part $@
 
 $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
@@ -64,7 +69,7 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 
 # Setup runs two things at once (MAKEFLAGS above): the patched llama.cpp wheel compiles (CPU-bound,
 # minutes) while the venv's other packages download and install (network-bound). torch (the local
-# CPU wheel) and transformers are pinned first: an unpinned resolution would pull a CUDA build.
+# CPU wheel) and transformers are pinned in the same resolution: an unpinned one would pull a CUDA build.
 # The wheel is built with --no-cache-dir (never a cached stock wheel) and installed over whatever
 # is there; `-e .[llamacpp]` then finds its version installed and adds its own dependencies.
 LLAMA_WHEELS := .build/wheels
@@ -76,8 +81,8 @@ $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 
 $(VENV)/.deps: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,ray,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) \
+	  -e '.[dev,ray,docs]'
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(LLAMA_WHEELS)/.built

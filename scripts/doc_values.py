@@ -270,11 +270,16 @@ def problems(pages: list[Path] = PAGES, results: Path = RESULTS) -> list[str]:
     return out
 
 
-def rewrite(text: str, page: Path, results: Path = RESULTS) -> str:
-    """The page with every marked value re-rendered from its file (its written form kept)."""
+def rewrite(text: str, page: Path, results: Path = RESULTS, strict: bool = True) -> str:
+    """The page with every marked value re-rendered from its file (its written form kept). With
+    ``strict`` False a marker that cannot be resolved is left as it is (the check reports it)."""
     def one(match: re.Match) -> str:
-        marker = Marker(page, 0, match.group("file"), match.group("expr"), match.group("shown"), 0, 0)
-        value = render(evaluate(marker.file, marker.expr, results), marker.shown)
+        try:
+            value = render(evaluate(match.group("file"), match.group("expr"), results), match.group("shown"))
+        except (Unresolved, OSError, ZeroDivisionError):
+            if strict:
+                raise
+            return match.group(0)
         return match.group(0)[:match.start("shown") - match.start()] + value + "<!-- /v -->"
     return VALUE.sub(one, text)
 
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for page in PAGES:
             text = page.read_text(encoding="utf-8")
-            new = rewrite(text, page)
+            new = rewrite(text, page, strict=False)
             if new != text:
                 page.write_text(new, encoding="utf-8")
                 print(f"updated {page.relative_to(ROOT)}")

@@ -202,6 +202,11 @@ def test_a_changed_results_file_fails_the_check_and_write_renders_it(tmp_path):
     assert rewritten != text
     assert [p for m in doc_values.markers(copy, rewritten) if m.file.startswith("self-gemma")
             and (p := doc_values.stale(m, results))] == []
+    # a marker whose file is gone stops a strict rewrite, and is left as it is otherwise
+    gone = text + "\nSee <!-- v: no-such-run methods/x/y -->1.0<!-- /v --> there.\n"
+    with pytest.raises(doc_values.Unresolved):
+        doc_values.rewrite(gone, copy, results)
+    assert "<!-- v: no-such-run methods/x/y -->1.0<!-- /v -->" in doc_values.rewrite(gone, copy, results, strict=False)
 
 
 @pytest.mark.parametrize("shown, value, rendered", [
