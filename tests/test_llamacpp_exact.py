@@ -146,14 +146,14 @@ def prompt_ids(model):
 
 # Fixed draft lengths: every step verifies what the drafter proposes, and trees branch (rejected
 # nodes every step). The adaptive policy may rightly take only plain steps on this CPU (it drafted
-# nothing on SmolLM2's writing prompt), and a plain step compares nothing.
+# nothing on SmolLM2's writing prompt), and a plain step compares nothing. Each drafter as a chain
+# and as a tree, chains of a short and a long draft; every forward shape from 2 to 64 rows is
+# checked bit for bit by the windows above, so more draft lengths here would add time, not cover.
 SPECULATIVE = [dict(drafter="ngram", policy="fixed", num_draft=4),
                dict(drafter="ngram", tree=True, policy="fixed", num_draft=3),
                dict(drafter="recycle", policy="fixed", num_draft=2),
                dict(drafter="recycle", tree=True, policy="fixed", num_draft=6),
-               dict(drafter="ngram", policy="fixed", num_draft=8),
-               dict(drafter="recycle", tree=True, policy="fixed", num_draft=3),
-               dict(drafter="recycle", policy="fixed", num_draft=5)]
+               dict(drafter="ngram", policy="fixed", num_draft=8)]
 
 
 def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
@@ -189,7 +189,7 @@ def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
     drafter fills its prompt as the target does (Gemma's prompts run on repacked weights): filled
     one extend at a time instead, it rejected a token on 5 of 9 Spec-Bench prompts on AVX2."""
     drafter = specdec.load(model.name, backend="llamacpp")
-    for ids in prompt_ids:
+    for ids in prompt_ids[::2]:  # one answer that copies its prompt, one open-ended
         out = model.generate(ids, drafter="model", draft_model=drafter, lookup=False, policy="fixed", num_draft=3,
                              max_new_tokens=24)
         plain = model.generate(ids, drafter="none", max_new_tokens=24)
