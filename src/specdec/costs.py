@@ -190,6 +190,15 @@ class CostModel:
         # price a draft step adds to the plain step after it.
         self._switch = Ema(self._switch_fraction(switch), self.SWITCH_WEIGHT, math.inf)  # bounded in observe
         self.observations = 0
+        self._batch: BatchCosts | None = None
+
+    @property
+    def batch(self) -> BatchCosts:
+        """The forwards of a batch of this model's sequences, learned from its ticks (kept with
+        the curve: whoever steps the model's sequences together reads and teaches the same)."""
+        if self._batch is None:
+            self._batch = BatchCosts(self)
+        return self._batch
 
     def _bounded(self, n: int, ratio: float) -> float:
         return min(max(ratio, min(n, 1.0)), self.ROWS_BOUND * n)
@@ -254,6 +263,57 @@ class CostModel:
             if ema is None:  # a size never calibrated starts from the curve's interpolation
                 ema = self._ratios[n] = Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)
             ema.add(self._bounded(n, seconds / self.unit))
+
+
+class BatchCosts:
+    """Seconds of one forward of a batch of sequences (continuous batching), by its rows and the
+    sequences they belong to, as the batch's ticks meet it: the model's curve at that many rows,
+    times a factor learned per (rows, sequences) from the ticks (where no tick ran such a forward
+    yet, the factor all ticks taught). Attention reads each sequence's own cache, and a kernel
+    may treat rows of one sequence and of many alike or not: the ticks say which, on this machine.
+
+    A tick that ran in several forwards teaches each of them its share of the surprise (the ratio
+    of its time to what was expected for all of them); updates are clipped averages, as the
+    curve's, so one slow tick (another process on the cores) cannot swing a choice.
+    """
+
+    WEIGHT = 0.2
+    PRIOR_WEIGHT = 0.05
+    CLIP = 1.5
+
+    def __init__(self, curve: CostModel) -> None:
+        self.curve = curve
+        self._factors: dict[tuple[int, int], Ema] = {}
+        self._prior = Ema(1.0, self.PRIOR_WEIGHT, self.CLIP)
+        self.observations = 0
+
+    def factor(self, rows: int, sequences: int) -> float:
+        """What a forward of ``rows`` rows of ``sequences`` sequences costs over the curve's ``rows``."""
+        ema = self._factors.get((rows, sequences))
+        return self._prior.value if ema is None else ema.value
+
+    def forward(self, rows: int, sequences: int) -> float:
+        """Estimated seconds of one forward of ``rows`` rows from ``sequences`` sequences."""
+        return self.curve.forward(rows) * self.factor(rows, sequences)
+
+    def tick(self, forwards: Sequence[tuple[int, int]]) -> float:
+        """Estimated seconds of a tick run as these forwards, (rows, sequences) each."""
+        return sum(self.forward(rows, sequences) for rows, sequences in forwards)
+
+    def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
+        """Learn from one timed tick run as ``forwards``."""
+        expected = self.tick(forwards)
+        plain = sum(self.curve.forward(rows) for rows, _ in forwards)
+        if not (seconds > 0 and expected > 0 and plain > 0):
+            return
+        self.observations += 1
+        surprise = seconds / expected
+        for key in dict.fromkeys(forwards):
+            ema = self._factors.get(key)
+            if ema is None:
+                ema = self._factors[key] = Ema(self._prior.value, self.WEIGHT, self.CLIP)
+            ema.add(ema.value * surprise)
+        self._prior.add(seconds / plain)
 
 
 # Every count to 16 (a CPU's curve is not monotone there), then a few long drafts' counts: where a
