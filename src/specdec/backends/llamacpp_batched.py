@@ -139,6 +139,8 @@ class SharedSequences:
         self.decode_s = 0.0
         self.sequences = 0  # submissions in the ticks (their sum over ticks)
         self.drafted = 0  # draft rows verified in them
+        self.offered = 0  # draft rows offered to the ticks' choice, and how many of them it took
+        self.taken = 0
         self.drafting_ticks = 0  # ticks that verified a draft row
         self.forwards = 0  # the forwards llama.cpp split the ticks into
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
@@ -292,6 +294,8 @@ class SharedSequences:
             if sub.offer is not None:
                 sub.cut(offer.rows + n)
                 sub.drafted = n
+                self.offered += offer.most
+                self.taken += n
 
     def _learn(self, chosen: list[_Submission], seconds: float) -> None:
         """Counters, and what the tick teaches the model's costs (called with the condition held)."""

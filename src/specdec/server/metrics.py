@@ -66,6 +66,8 @@ class _BatchCollector:
                 ("sequences", "batch_sequences", "sequences stepped in the ticks (a sum over ticks)"),
                 ("rows", "batch_rows", "rows decoded in the ticks"),
                 ("drafted", "batch_draft_rows", "draft rows verified in the ticks"),
+                ("offered", "batch_offered_rows", "draft rows offered to the ticks' joint choice of lengths"),
+                ("taken", "batch_taken_rows", "offered draft rows the joint choice verified"),
                 ("drafting_ticks", "batch_drafting_ticks", "ticks that verified a draft row"),
                 ("forwards", "batch_forwards", "forwards the ticks were split into"),
                 ("decode_s", "batch_decode_seconds", "seconds in the ticks' forwards"))
