@@ -106,6 +106,8 @@ def _cell(level: dict, ttft_p95: bool = False) -> str:
         parts += [f"**{level['tokens_per_s']:.1f}**", latency, f"{ttft} s"]
     if level.get("failures"):
         parts.append(f"{level['failures']} failed")
+    if level.get("retried"):
+        parts.append(f"{level['retried']} sent again")
     if level.get("differ_from_first_level"):
         parts.append(f"{level['differ_from_first_level']} differ")
     return " · ".join(parts) or "-"
@@ -136,6 +138,27 @@ def loadtest(path: str, servers: list[str] | None = None) -> str:
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
     return ("Cells: **total tokens/s** · latency p50 / p95 · time to first token p50.\n\n"
             + "\n".join(rows) + "\n")
+
+
+def loadtest_ticks(path: str, servers: list[str] | None = None) -> str:
+    """What each level's ticks held, for the servers that count them (``scripts/loadtest.py``'s
+    tick figures): clients as rows, servers as columns."""
+    levels = [line for line in _levels(path) if line.get("ticks")]
+    names = list(dict.fromkeys(line["server"] for line in levels))
+    names = [n for n in servers if n in names] if servers else names
+    clients = sorted({line["clients"] for line in levels if line["server"] in names})
+    at = {(line["server"], line["clients"]): line for line in levels}
+    rows = ["| clients | " + " | ".join(f"`{n}`" for n in names) + " |", "|---:|" + "---:|" * len(names)]
+    for c in clients:
+        cells = []
+        for n in names:
+            t = at.get((n, c))
+            cells.append("-" if t is None else
+                         f"{t['sequences_per_tick']:.1f} · {t['drafted_per_tick']:.2f} · {t['accepted_per_tick']:.2f} · "
+                         f"{t['ticks_per_token']:.3f} · {100 * t['no_draft_share']:.0f}%")
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    return ("Cells: sequences · draft rows · accepted draft tokens per tick · ticks per generated token · "
+            "share of ticks that verified no draft.\n\n" + "\n".join(rows) + "\n")
 
 
 KERNEL_SETTINGS = {

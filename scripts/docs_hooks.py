@@ -8,7 +8,8 @@ Generated parts of pages, so that nothing the code knows is copied by hand:
 - ``<!-- bench: RUN [methods=a,b] -->`` and ``<!-- bench-categories: RUN [methods=a,b] -->``:
   tables from ``bench-results/RUN/results.json`` (:mod:`bench_tables`);
 - ``<!-- loadtest: FILE [servers=a,b] -->``: a load test's table from its ``results.jsonl``
-  (:func:`bench_tables.loadtest`);
+  (:func:`bench_tables.loadtest`); ``loadtest-ticks``: what its levels' ticks held
+  (:func:`bench_tables.loadtest_ticks`);
 - ``<!-- kernels: RUN -->``: a ``scripts/kernel_costs.py`` run's table (:func:`bench_tables.kernels`);
 - ``<!-- gpu: architectures|pair|smollm2 -->``: the GPU check's tables from
   ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`);
@@ -34,7 +35,7 @@ import bench_tables  # noqa: E402
 import doc_values  # noqa: E402
 import gpu_tables  # noqa: E402
 
-MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|kernels|gpu):\s*([^\s>]+)"
+MARKER = re.compile(r"<!--\s*(cli|registry|bench|bench-categories|loadtest|loadtest-ticks|kernels|gpu):\s*([^\s>]+)"
                     r"((?:\s+\w+=[^\s>]+)*)\s*-->")
 PUBLISHED = (".json", ".jsonl", ".png")
 
@@ -116,6 +117,8 @@ def _render(match: re.Match) -> str:
         return gpu_tables.table(arg)
     if kind == "loadtest":
         return bench_tables.loadtest(arg, servers)
+    if kind == "loadtest-ticks":
+        return bench_tables.loadtest_ticks(arg, servers)
     if kind == "kernels":
         return bench_tables.kernels(arg)
     return bench_tables.categories(arg, methods)

@@ -13,8 +13,16 @@ problem, the first Spec-Bench question, the second of each, ...; Spec-Bench's in
 
 Before the first timed request the test waits until the server answers a real one-token request
 (:func:`wait_ready`): a server that listens while it still loads its model (llama-server answers
-``/v1/models`` then, and 503 to the rest) would otherwise fail the first timed requests. A level
-where any request failed reports how many and why, and no figures (:meth:`LoadReport.summary`).
+``/v1/models`` then, and 503 to the rest) would otherwise fail the first timed requests. Every
+request opens a connection of its own (a kept-alive one the server had closed meanwhile failed
+requests with "Server disconnected without sending a response"), and one that got no answer at all
+(no connection, or closed before any byte) is sent again, counted per level as ``retried``. A
+level where any request still failed reports how many and why, and no figures
+(:meth:`LoadReport.summary`).
+
+Where the server counts its batch's ticks on ``/metrics`` (``specdec serve`` with batching), each
+level also reports what its ticks held (:func:`tick_figures`): sequences, draft rows and accepted
+draft tokens per tick, ticks per generated token, and the share of ticks that verified no draft.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class LoadReport:
     wall_s: float
     results: list[Result] = field(default_factory=list)
     indexed: dict[int, Result] = field(default_factory=dict)
+    retried: int = 0  # requests sent again after getting no answer at all
 
     @property
     def answered(self) -> int:
@@ -79,7 +88,7 @@ class LoadReport:
         so the others' latency and tokens/s look better than a server's that answered everything).
         """
         line = {"clients": self.clients, "requests": self.requests, "answered": self.answered,
-                "failures": self.failures, "wall_s": round(self.wall_s, 2)}
+                "failures": self.failures, "retried": self.retried, "wall_s": round(self.wall_s, 2)}
         if self.failures:
             errors = sorted({f"{r.status}: {r.error[:200]}" for r in self.results if r.status != 200})[:5]
             unsent = self.requests - len(self.results)
@@ -94,6 +103,13 @@ class LoadReport:
         return {i: r.text for i, r in self.indexed.items() if r.status == 200}
 
 
+RETRIES = 2  # more sends of a request that got no answer at all
+
+
+class _Broken(Exception):
+    """The answer broke off after it began (not sent again: the server had taken the request)."""
+
+
 async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float = 300.0,
                    path: str = "/v1/completions", stream: bool = False, api_key: str | None = None) -> LoadReport:
     """Send every body once, ``clients`` at a time; stop at ``time_limit`` seconds whatever is left.
@@ -102,64 +118,131 @@ async def run_load(url: str, bodies: list[dict], clients: int, time_limit: float
     for i, body in enumerate(bodies):
         queue.put_nowait((i, body))
     results: list[Result | None] = [None] * len(bodies)
+    retried = [0]
+
+    async def send(http: httpx.AsyncClient, body: dict, t0: float) -> Result:
+        if stream:
+            return await _streamed(http, url.rstrip("/") + path, body, t0)
+        response = await http.post(url.rstrip("/") + path, json=body)
+        latency = time.perf_counter() - t0
+        if response.status_code != 200:
+            try:
+                return Result(response.status_code, latency, error=json.dumps(response.json()))
+            except ValueError:
+                return Result(response.status_code, latency, error=response.text)
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            text = choice.get("text", choice.get("message", {}).get("content", ""))
+            return Result(200, latency, text, data["usage"]["completion_tokens"])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from None
 
     async def client(http: httpx.AsyncClient) -> None:
         while not queue.empty():
             i, body = queue.get_nowait()
-            t0 = time.perf_counter()
-            try:
-                if stream:
-                    results[i] = await _streamed(http, url.rstrip("/") + path, body)
-                    continue
-                response = await http.post(url.rstrip("/") + path, json=body)
-                latency = time.perf_counter() - t0
-                data = response.json()
-                if response.status_code == 200:
-                    choice = data["choices"][0]
-                    text = choice.get("text", choice.get("message", {}).get("content", ""))
-                    results[i] = Result(200, latency, text, data["usage"]["completion_tokens"])
-                else:
-                    results[i] = Result(response.status_code, latency, error=json.dumps(data))
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                results[i] = Result(0, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
+            t0 = time.perf_counter()  # a request sent again is timed from its first send
+            for attempt in range(RETRIES + 1):
+                try:
+                    results[i] = await send(http, body, t0)
+                    break
+                except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+                    # No answer at all: the server never took the request, so sending it again
+                    # measures the same work.
+                    if attempt < RETRIES:
+                        retried[0] += 1
+                        continue
+                    results[i] = Result(0, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc} "
+                                        f"(no answer after {RETRIES + 1} sends)")
+                except (httpx.HTTPError, _Broken) as exc:
+                    results[i] = Result(0, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
+                    break
 
     t0 = time.perf_counter()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    async with httpx.AsyncClient(timeout=time_limit, headers=headers) as http:
+    # A connection per request: a kept-alive one may be closed by the server just as it is reused.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=time_limit, headers=headers, limits=limits) as http:
         tasks = [asyncio.create_task(client(http)) for _ in range(clients)]
         done, pending = await asyncio.wait(tasks, timeout=time_limit)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    report = LoadReport(clients, len(bodies), time.perf_counter() - t0)
+    report = LoadReport(clients, len(bodies), time.perf_counter() - t0, retried=retried[0])
     report.results = [r for r in results if r is not None]
     report.indexed = {i: r for i, r in enumerate(results) if r is not None}
     return report
 
 
-async def _streamed(http, url: str, body: dict) -> Result:
+async def _streamed(http, url: str, body: dict, t0: float | None = None) -> Result:
     """One streamed chat request: its text, completion tokens (from the final usage chunk, else
-    the number of content chunks) and the time to its first text."""
-    t0 = time.perf_counter()
+    the number of content chunks) and the time to its first text (from ``t0``, default now).
+    Connection errors before the answer began propagate as httpx's; after, as :class:`_Broken`."""
+    t0 = time.perf_counter() if t0 is None else t0
     first, parts, tokens, chunks = None, [], None, 0
     async with http.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
         if r.status_code != 200:
             return Result(r.status_code, time.perf_counter() - t0, error=(await r.aread()).decode(errors="replace"))
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                tokens = data["usage"].get("completion_tokens", tokens)
-            for choice in data.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                if text:
-                    chunks += 1
-                    parts.append(text)
-                    if first is None:
-                        first = time.perf_counter() - t0
+        try:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if data.get("usage"):
+                    tokens = data["usage"].get("completion_tokens", tokens)
+                for choice in data.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                    if text:
+                        chunks += 1
+                        parts.append(text)
+                        if first is None:
+                            first = time.perf_counter() - t0
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc} (after {chunks} chunks)") from None
     return Result(200, time.perf_counter() - t0, "".join(parts), tokens if tokens is not None else chunks,
                   first_s=first)
+
+
+TICK_COUNTERS = {"ticks": "specdec:batch_ticks_total", "sequences": "specdec:batch_sequences_total",
+                 "drafted": "specdec:batch_draft_rows_total", "drafting": "specdec:batch_drafting_ticks_total",
+                 "accepted": "specdec:spec_decode_num_accepted_tokens_total",
+                 "generated": "specdec:generation_tokens_total"}
+
+
+def batch_counters(url: str, api_key: str | None = None) -> dict[str, float] | None:
+    """The server's batch counters from ``/metrics`` (None: it keeps none, or has no such page)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        response = httpx.get(url.rstrip("/") + "/metrics", headers=headers, timeout=30)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    values = {}
+    for line in response.text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = value
+    try:
+        return {key: float(values[name]) for key, name in TICK_COUNTERS.items()}
+    except (KeyError, ValueError):
+        return None
+
+
+def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+    """What a level's ticks held, from the counters before and after it: sequences, draft rows
+    and accepted draft tokens per tick, ticks per generated token, and the share of ticks that
+    verified no draft (empty where the server counts no ticks)."""
+    if before is None or after is None:
+        return {}
+    d = {key: after[key] - before[key] for key in TICK_COUNTERS}
+    if d["ticks"] <= 0:
+        return {}
+    ticks = d["ticks"]
+    return {"ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
+            "drafted_per_tick": round(d["drafted"] / ticks, 2), "accepted_per_tick": round(d["accepted"] / ticks, 2),
+            "ticks_per_token": round(ticks / d["generated"], 3) if d["generated"] > 0 else None,
+            "no_draft_share": round(1 - d["drafting"] / ticks, 3)}
 
 
 class NotReady(Exception):
@@ -252,6 +335,11 @@ def main() -> None:
     try:
         model = wait_ready(args.url, args.model, timeout=args.ready_timeout, api_key=args.api_key)
     except NotReady as exc:
+        # Every level gets its line, saying why it has no figures (a results file then shows it).
+        for clients in (int(c) for c in args.clients.split(",")):
+            print(json.dumps({"server": args.label, "clients": clients, "requests": args.requests, "answered": 0,
+                              "failures": args.requests, "figures": None, "errors": [f"not measured: {exc}"]}),
+                  flush=True)
         sys.exit(f"loadtest: {exc}")
     prompts = mixed_prompts(args.questions.split(",")) if args.questions else [
         "Write a short story about a robot who learns to paint."]
@@ -260,13 +348,15 @@ def main() -> None:
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                    "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
+        before = batch_counters(args.url, args.api_key)
         report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
                                       stream=not args.no_stream, api_key=args.api_key))
+        ticks = tick_figures(before, batch_counters(args.url, args.api_key))
         texts = report.texts()
         reference = texts if reference is None else reference
         both = [i for i in texts if i in reference]
         differ = sum(reference[i] != texts[i] for i in both)
-        print(json.dumps({"server": args.label, **report.summary(), "differ_from_first_level": differ,
+        print(json.dumps({"server": args.label, **report.summary(), **ticks, "differ_from_first_level": differ,
                           "compared_with_first_level": len(both)}), flush=True)
         if args.texts:
             write_atomic(args.texts, json.dumps({str(i): t for i, t in sorted(texts.items())}))

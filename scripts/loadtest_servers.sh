@@ -23,6 +23,14 @@ SERVERS=${SERVERS:-specdec,specdec-pair,specdec-plain,llama-server-plain,llama-s
 PY=.venv/bin/python
 LLAMA_BIN=${SPECDEC_LLAMA_CPP_BIN:-.peers/llama.cpp/build/bin}
 mkdir -p "$(dirname "$OUT")"; : > "$OUT"
+# Where and when, first: the date, the commit (with "+dirty" if src/ or scripts/ had changes), the CPU
+# and the settings, as a line of its own (the tables read only the levels' lines).
+COMMIT="$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- src scripts || echo +dirty)"
+$PY -c "import json, sys, datetime; from specdec.cpu import machine_tag
+print(json.dumps({'run': 'scripts/loadtest_servers.sh', 'date': datetime.datetime.now().isoformat(timespec='seconds'),
+                  'commit': sys.argv[1], 'cpu': machine_tag(), 'model': sys.argv[2], 'questions': sys.argv[3],
+                  'requests': int(sys.argv[4]), 'max_tokens': int(sys.argv[5]), 'slots': int(sys.argv[6]),
+                  'servers': sys.argv[7]}))" "$COMMIT" "$MODEL" "$Q" "$REQUESTS" "$MAX_TOKENS" "$SLOTS" "$SERVERS" >> "$OUT"
 GGUF=$($PY -c "from specdec.models import resolve; print(resolve('$MODEL', need_hf=False).gguf)")
 DRAFT=$($PY -c "from specdec.models import default_draft_model; print(default_draft_model('$MODEL') or '')")
 DRAFT_GGUF=""

@@ -156,6 +156,11 @@ def provenance(folder: Path) -> tuple[str, str, str]:
                     "not recorded"), str(data.get("cpu") or data.get("machine") or data.get("device") or "not recorded"))
     jsonl = folder / "results.jsonl"
     if jsonl.exists():
+        # A load test's lines; since scripts/loadtest_servers.sh records it, one says where and when.
+        for line in jsonl.read_text(encoding="utf-8").splitlines():
+            data = json.loads(line) if line.strip() else {}
+            if "run" in data and "date" in data:
+                return str(data["date"])[:10], str(data.get("commit", "not recorded")), str(data.get("cpu", "not recorded"))
         return "not recorded", "not recorded", "not recorded"
     return "-", "-", "-"
 

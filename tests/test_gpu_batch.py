@@ -464,3 +464,19 @@ def test_the_self_drafter_is_refused_on_a_gpu_by_what_it_would_break(tiny):
     context = replace(tiny.loaded.draft_context(), device="cuda:0")
     with pytest.raises(SpecdecError, match="self drafter is not available on a GPU.*--drafter ngram"):
         shared_state(context)
+
+
+def test_the_batch_chooses_the_draft_lengths_and_answers_stay_the_requests_alone(batch):
+    """The adaptive policy offers its drafts to the tick (extend_offer) and the tick's joint choice
+    cuts them (one shape: every draft that may gain is verified, up to a block); the answers are
+    plain decoding's, alone or together."""
+    from specdec.costs import CostModel
+    from specdec.policies.adaptive import AdaptiveK
+
+    curve = CostModel({n: 0.01 for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)}, 0.0)
+    configs = [DecodeConfig(max_new_tokens=30) for _ in PROMPTS]
+    plain = [_run(batch, p, c).token_ids for p, c in zip(PROMPTS, configs)]
+    offered, taken = batch.offered, batch.taken
+    runs = [(p, c, NgramDrafter(), AdaptiveK(curve)) for p, c in zip(PROMPTS, configs)]
+    assert _together(batch, runs) == plain
+    assert batch.taken > taken and batch.offered - offered >= batch.taken - taken

@@ -85,9 +85,14 @@ def test_a_server_that_never_answers_is_a_clear_error(monkeypatch, capsys):
         with pytest.raises(loadtest.NotReady, match=r"did not answer a request within 1 s .*503.*Loading"):
             loadtest.wait_ready(url, timeout=1.0, poll_s=0.2)
         assert time.monotonic() - t0 < 5
-        monkeypatch.setattr(sys, "argv", ["loadtest", "--url", url, "--ready-timeout", "0.5"])
+        monkeypatch.setattr(sys, "argv", ["loadtest", "--url", url, "--ready-timeout", "0.5", "--label", "x"])
+        capsys.readouterr()
         with pytest.raises(SystemExit, match="^loadtest: .*did not answer"):
             loadtest.main()
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(line["clients"], line["failures"], line["figures"]) for line in lines] == [
+            (1, 32, None), (4, 32, None), (8, 32, None)]  # every level says why it was not measured
+        assert lines[0]["errors"][0].startswith("not measured: ") and "did not answer" in lines[0]["errors"][0]
     with serving(fake_server(fails=lambda n: True, status=404)) as url:  # asking again will not help
         t0 = time.monotonic()
         with pytest.raises(loadtest.NotReady, match="refused the readiness request: 404"):
@@ -95,3 +100,103 @@ def test_a_server_that_never_answers_is_a_clear_error(monkeypatch, capsys):
         assert time.monotonic() - t0 < 5
     with pytest.raises(loadtest.NotReady, match="nothing listening|ConnectError"):
         loadtest.wait_ready("http://127.0.0.1:9", timeout=0.5, poll_s=0.1)  # the discard port: closed
+
+
+class DroppingServer:
+    """A bare HTTP/1.1 chat server on a thread that closes the connection of every request
+    ``drop(n)`` picks without a byte of answer (as a server does with a kept-alive connection it
+    has just timed out), and answers the others as a plain chat completion."""
+
+    def __init__(self, drop) -> None:
+        import asyncio
+        import threading
+
+        self.drop, self.seen, self.loop = drop, 0, asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def handle(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        body = await reader.readexactly(length)
+        if head.startswith(b"GET /v1/models"):
+            payload = {"data": [{"id": "fake"}]}
+        else:
+            self.seen += 1
+            if self.drop(self.seen):
+                writer.close()
+                return
+            content = json.loads(body)["messages"][-1]["content"]
+            payload = {"choices": [{"message": {"content": "echo: " + content}}], "usage": {"completion_tokens": 2}}
+        data = json.dumps(payload).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        await writer.drain()
+        writer.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def test_a_request_that_got_no_answer_at_all_is_sent_again_and_counted(monkeypatch, capsys):
+    """The issue's case: llama-server plain failed 2 of 16 requests at 1 client with "Server
+    disconnected without sending a response" (a kept-alive connection it had closed)."""
+    server = DroppingServer(drop=lambda n: n in (3, 7, 8))  # n = 1: the readiness check
+    try:
+        line, = run_main(monkeypatch, capsys, server.url, "--clients", "1", "--requests", "12", "--no-stream")
+    finally:
+        server.close()
+    assert (line["answered"], line["failures"], line["retried"]) == (12, 0, 3)
+    assert line["tokens_per_s"] > 0
+    server = DroppingServer(drop=lambda n: n > 1)  # never answers: said so, not retried forever
+    try:
+        line, = run_main(monkeypatch, capsys, server.url, "--clients", "2", "--requests", "2", "--no-stream")
+    finally:
+        server.close()
+    assert line["failures"] == 2 and line["figures"] is None
+    assert "no answer after 3 sends" in line["errors"][0] and "RemoteProtocolError" in line["errors"][0]
+
+
+def test_a_level_reports_what_its_ticks_held_from_the_servers_counters():
+    before = {"ticks": 100, "sequences": 400, "drafted": 50, "drafting": 20, "accepted": 30, "generated": 500}
+    after = {"ticks": 300, "sequences": 1900, "drafted": 250, "drafting": 70, "accepted": 130, "generated": 2100}
+    assert loadtest.tick_figures(before, after) == {
+        "ticks": 200, "sequences_per_tick": 7.5, "drafted_per_tick": 1.0, "accepted_per_tick": 0.5,
+        "ticks_per_token": 0.125, "no_draft_share": 0.75}
+    assert loadtest.tick_figures(None, after) == {} and loadtest.tick_figures(before, before) == {}
+
+
+def test_a_specdec_server_reports_its_ticks_per_level(monkeypatch, capsys):
+    counters = {"ticks": 0}
+    app = fake_server()
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        if request.url.path == "/v1/chat/completions":
+            counters["ticks"] += 3  # three ticks and 2 tokens a request, one of the ticks drafting
+        return await call_next(request)
+
+    @app.get("/metrics")
+    def metrics():
+        from fastapi.responses import PlainTextResponse
+
+        t = counters["ticks"]
+        names = {"specdec:batch_ticks_total": t, "specdec:batch_sequences_total": 2 * t,
+                 "specdec:batch_draft_rows_total": t, "specdec:batch_drafting_ticks_total": t / 3,
+                 "specdec:spec_decode_num_accepted_tokens_total": t / 3,
+                 "specdec:generation_tokens_total": 2 * t / 3}
+        return PlainTextResponse("# HELP ...\n" + "".join(f"{k} {v}\n" for k, v in names.items()))
+
+    with serving(app) as url:
+        lines = run_main(monkeypatch, capsys, url, "--clients", "1,2", "--requests", "4")
+    for line in lines:
+        assert line["ticks"] == 12 and line["sequences_per_tick"] == 2.0 and line["ticks_per_token"] == 1.5
+        assert line["no_draft_share"] == pytest.approx(2 / 3, abs=1e-3)
+    with serving(fake_server()) as url:  # no /metrics: no tick figures, the rest as ever
+        line, = run_main(monkeypatch, capsys, url, "--clients", "1", "--requests", "2")
+    assert "ticks" not in line and line["answered"] == 2

@@ -190,6 +190,15 @@ class CostModel:
         # price a draft step adds to the plain step after it.
         self._switch = Ema(self._switch_fraction(switch), self.SWITCH_WEIGHT, math.inf)  # bounded in observe
         self.observations = 0
+        self._batch: BatchCosts | None = None
+
+    @property
+    def batch(self) -> BatchCosts:
+        """The forwards of a batch of this model's sequences, learned from its ticks (kept with
+        the curve: whoever steps the model's sequences together reads and teaches the same)."""
+        if self._batch is None:
+            self._batch = BatchCosts(self)
+        return self._batch
 
     def _bounded(self, n: int, ratio: float) -> float:
         return min(max(ratio, min(n, 1.0)), self.ROWS_BOUND * n)
@@ -254,6 +263,71 @@ class CostModel:
             if ema is None:  # a size never calibrated starts from the curve's interpolation
                 ema = self._ratios[n] = Ema(self.ratio(n), self.RATIO_WEIGHT, self.CLIP)
             ema.add(self._bounded(n, seconds / self.unit))
+
+
+class BatchCosts:
+    """Seconds of one forward of a batch of sequences (continuous batching), by its rows and the
+    sequences they belong to, as the batch's ticks meet it: the model's curve at that many rows,
+    times a factor the ticks taught. A forward's factor is the one learned for its rows and
+    sequences; where no tick ran that shape yet, the one learned for its rows (measured here: 16
+    rows of 16 sequences cost within 15% of 16 rows of one), or for the nearest rows a tick ran
+    (a batch that lost a sequence runs 15 rows where it ran 16), else what all ticks taught.
+
+    A tick that ran in several forwards teaches each of them its share of the surprise (the ratio
+    of its time to what was expected for all of them); updates are clipped averages, as the
+    curve's, so one slow tick (another process on the cores) cannot swing a choice. Ticks holding
+    a forward of more than ``DECODE_ROWS`` rows (prompts) teach nothing: a choice of draft lengths
+    prices decoding forwards, and a long prompt's forward is another regime of the kernels.
+    """
+
+    WEIGHT = 0.3
+    PRIOR_WEIGHT = 0.1
+    CLIP = 1.5
+    NEAR = 2  # rows: how far a learned factor stands in for an unseen row count
+    DECODE_ROWS = 64
+
+    def __init__(self, curve: CostModel) -> None:
+        self.curve = curve
+        self._shapes: dict[tuple[int, int], Ema] = {}
+        self._rows: dict[int, Ema] = {}
+        self._prior = Ema(1.0, self.PRIOR_WEIGHT, self.CLIP)
+        self.observations = 0
+
+    def factor(self, rows: int, sequences: int) -> float:
+        """What a forward of ``rows`` rows of ``sequences`` sequences costs over the curve's ``rows``."""
+        ema = self._shapes.get((rows, sequences)) or self._rows.get(rows)
+        if ema is None:
+            near = [n for n in range(rows - self.NEAR, rows + self.NEAR + 1) if n in self._rows]
+            if near:
+                ema = self._rows[min(near, key=lambda n: (abs(n - rows), n))]
+        return self._prior.value if ema is None else ema.value
+
+    def forward(self, rows: int, sequences: int) -> float:
+        """Estimated seconds of one forward of ``rows`` rows from ``sequences`` sequences."""
+        return self.curve.forward(rows) * self.factor(rows, sequences)
+
+    def tick(self, forwards: Sequence[tuple[int, int]]) -> float:
+        """Estimated seconds of a tick run as these forwards, (rows, sequences) each."""
+        return sum(self.forward(rows, sequences) for rows, sequences in forwards)
+
+    def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
+        """Learn from one timed tick run as ``forwards``."""
+        if not forwards or max(rows for rows, _ in forwards) > self.DECODE_ROWS:
+            return
+        expected = self.tick(forwards)
+        plain = sum(self.curve.forward(rows) for rows, _ in forwards)
+        if not (seconds > 0 and expected > 0 and plain > 0):
+            return
+        self.observations += 1
+        surprise = seconds / expected
+        taught = [(key, self.factor(*key)) for key in dict.fromkeys(forwards)]
+        for (rows, sequences), was in taught:
+            for table, key in ((self._shapes, (rows, sequences)), (self._rows, rows)):
+                ema = table.get(key)
+                if ema is None:
+                    ema = table[key] = Ema(was, self.WEIGHT, self.CLIP)
+                ema.add(was * surprise)
+        self._prior.add(seconds / plain)
 
 
 # Every count to 16 (a CPU's curve is not monotone there), then a few long drafts' counts: where a

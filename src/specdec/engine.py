@@ -20,6 +20,7 @@ from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions, check_fields, copy_into, same_as
 from specdec.policies.base import DraftPolicy
 from specdec.policies.fixed import FixedK
+from specdec.policies.goodput import Offer
 from specdec.sampling import Sampler, SamplingParams, VerifyMode
 from specdec.stats import GenerationStats
 from specdec.types import Draft, StepTrace
@@ -157,10 +158,15 @@ class DecodeRun:
         tokens = list(self.prompt)
         while not self.done:
             t0 = time.perf_counter()
-            draft = self._draft(tokens, cfg.max_new_tokens - len(out))
+            draft, offer = self._draft(tokens, cfg.max_new_tokens - len(out))
             t1 = time.perf_counter()
             base = self.target.length  # == len(tokens) - 1
-            if draft.is_tree:  # row 0 is the root (the last token); node i is row i + 1
+            if offer is not None:  # the batch chooses how much of the draft to verify
+                logits = self.target.extend_offer([tokens[-1], *draft.tokens], offer)
+                taken = logits.shape[0] - 1
+                self.policy.taken(draft, taken)
+                draft = draft.truncated(taken)
+            elif draft.is_tree:  # row 0 is the root (the last token); node i is row i + 1
                 logits = self.target.extend([tokens[-1], *draft.tokens], tree=[-1, *(p + 1 for p in draft.parents)])
             else:
                 logits = self.target.extend([tokens[-1], *draft.tokens])
@@ -199,21 +205,29 @@ class DecodeRun:
             stats.wall_s = time.perf_counter() - t_start
             yield step
 
-    def _draft(self, tokens: list[int], remaining: int) -> Draft:
+    def _draft(self, tokens: list[int], remaining: int) -> tuple[Draft, Offer | None]:
+        """The draft to verify, and, where the target's batch chooses the draft lengths of all its
+        sequences together, the policy's offer of it (the draft uncut); else the policy's cut."""
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
         # The policy weighs what a drafted token costs here (the drafter's price) against what
         # verification saves.
         most = self.policy.max_k(self.drafter.token_cost(tokens))
         k = min(most, remaining - 1)
         if k <= 0:
-            return Draft([])
+            return Draft([]), None
         draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
         draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
         if draft.is_tree and not self.target.supports_tree:
             draft = draft.subset(best_path(draft))
         elif draft.is_tree and self.target.max_tree is not None:
             draft = draft.truncated(self.target.max_tree - 1)  # nodes are best-first: a prefix is a tree
-        return draft.truncated(self.policy.choose(draft)) if draft.tokens else draft
+        if not draft.tokens:
+            return draft, None
+        if self.target.chooses_lengths and not draft.is_tree:
+            offer = self.policy.offer(draft)
+            if offer is not None:
+                return draft, offer
+        return draft.truncated(self.policy.choose(draft)), None
 
     def _finished(self, token: int) -> bool:
         res = self.result

@@ -15,6 +15,7 @@ import torch
 
 from specdec import tree as trees
 from specdec.costs import CostModel, Costs
+from specdec.policies.goodput import Offer
 
 
 class Backend(ABC):
@@ -37,6 +38,9 @@ class Backend(ABC):
     # Nodes a tree extend may hold, its root included (None: any): a backend that runs every forward
     # in one padded shape verifies trees within it, where plain decoding runs too.
     max_tree: int | None = None
+    # Its batch chooses every sequence's draft length together (extend_offer): the engine hands
+    # it the whole draft with the policy's offer instead of cutting the draft itself.
+    chooses_lengths: bool = False
 
     @property
     @abstractmethod
@@ -61,6 +65,15 @@ class Backend(ABC):
         With ``keep`` (after a tree ``extend`` that started at ``length``): then append the rows at
         these offsets of that extend, which must form one path from its root.
         """
+
+    def extend_offer(self, tokens: Sequence[int], offer: Offer) -> torch.Tensor:
+        """Append the step's last token and a draft chain (``tokens``), of which the batch verifies
+        the first i draft tokens, chosen with the other sequences' offers in the same forward
+        (:func:`specdec.policies.goodput.choose_lengths` on the batch's cost); return the logits of
+        the rows taken, ``[1 + i, V]``: the engine verifies the draft cut to them. Called only
+        where :attr:`chooses_lengths` is set (a batched backend overrides it); this default takes
+        everything offered."""
+        return self.extend(tokens)
 
     def reset(self) -> None:
         """Forget the whole sequence."""

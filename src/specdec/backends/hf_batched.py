@@ -24,6 +24,7 @@ GPU the same code runs without the graph (the "eager step"), which is how the te
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 import weakref
@@ -42,6 +43,7 @@ from specdec.backends.kv_pool import KVPool
 from specdec.backends.paged_attention import PAGE, PagedMeta
 from specdec.costs import CostModel, Costs
 from specdec.errors import SpecdecError
+from specdec.policies.goodput import Offer, choose_lengths
 
 ROWS = 16  # rows of each sequence in a tick: a draft of up to 15 tokens and the last token
 GATHER_S = 0.003  # how long a tick waits for a running sequence that has not submitted yet
@@ -57,6 +59,8 @@ class _Submission:
     block: np.ndarray  # [ROWS, ROWS]
     start: int
     pages: list[int]
+    offer: Offer | None = None  # the tick keeps the first 1 + its chosen length of these tokens
+    drafted: int = 0  # draft rows verified in it (the counters)
     out: torch.Tensor | None = None
     error: BaseException | None = None
     done: bool = False
@@ -108,6 +112,12 @@ class PagedBatch:
         self.ticks = 0
         self.rows = 0  # rows decoded (BatchedSequences' counter), real rows only
         self.decode_s = 0.0
+        self.sequences = 0  # sequences stepped in the ticks (a sum over ticks)
+        self.forwards = 0  # forwards the ticks ran (one each: the one shape)
+        self.drafted = 0  # draft rows verified in them
+        self.offered = 0  # draft rows offered to the ticks' joint choice, and how many it took
+        self.taken = 0
+        self.drafting_ticks = 0  # ticks that verified a draft row
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
 
     # -- sequences --------------------------------------------------------------------------------
@@ -200,9 +210,30 @@ class PagedBatch:
                 job.done = True
             self._cond.notify_all()
 
+    def _choose(self, chosen: list[_Submission]) -> None:
+        """The offered drafts cut to the lengths with the tick's best expected tokens per second
+        (:func:`~specdec.policies.goodput.choose_lengths`). Every tick has the one shape, so it
+        costs the same whatever rows are in it, up to a block of rows per sequence: every draft
+        that is expected to gain anything is verified, up to its block."""
+        offered = [sub for sub in chosen if sub.offer is not None]
+        if not offered:
+            return
+        width = self.width
+
+        def cost(rows: Sequence[int]) -> float:
+            return 1.0 if all(r <= width for r in rows) else math.inf
+
+        lengths = choose_lengths([sub.offer for sub in offered], cost)
+        for sub, n in zip(offered, lengths):
+            del sub.tokens[sub.offer.rows + n:]
+            sub.drafted = n
+            self.offered += sub.offer.most
+            self.taken += n
+
     def _tick(self, chosen: list[_Submission]) -> None:
         t0 = time.perf_counter()
         try:
+            self._choose(chosen)
             logits = self._run(chosen)
             for sub in chosen:
                 sub.out = logits[sub.slot, :len(sub.tokens)]
@@ -216,7 +247,12 @@ class PagedBatch:
             self._opened = time.monotonic()
             self._cond.notify_all()
         self.ticks += 1
+        self.forwards += 1
+        self.sequences += len(chosen)
         self.rows += sum(len(s.tokens) for s in chosen)
+        drafted = sum(s.drafted for s in chosen)
+        self.drafted += drafted
+        self.drafting_ticks += drafted > 0
         self.decode_s += seconds
         if self.trace is not None:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
@@ -378,6 +414,7 @@ class PagedSequence(Backend):
     server's admission) and given back when the backend goes back to its pool."""
 
     supports_tree = True
+    chooses_lengths = True  # its batch picks every sequence's draft length in a tick together
 
     def __init__(self, batch: PagedBatch, slot: int) -> None:
         self.batch = batch
@@ -466,6 +503,30 @@ class PagedSequence(Backend):
         if stream is not None:
             logits.record_stream(stream)  # its memory is not reused before this thread's reads end
         return logits[-1:] if last_only else logits
+
+    def extend_offer(self, tokens: Sequence[int], offer: Offer) -> torch.Tensor:
+        """The step's last token and a draft chain, of which the tick verifies the first ``i``
+        draft tokens, chosen with the other sequences' offers (see :meth:`PagedBatch._choose`);
+        the logits of the ``1 + i`` rows taken. A draft longer than a block offers its first rows."""
+        check_extend(tokens)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not another extend")
+        if offer.rows != 1 or offer.most != len(tokens) - 1:
+            raise ValueError(f"the offer is for {offer.rows} row(s) and {offer.most} draft tokens, "
+                             f"the extend has {len(tokens)} tokens")
+        width, start = self.batch.width, len(self.tokens)
+        tokens = list(tokens)[:width]
+        offer = Offer(offer.gains[:width], 1, offer.spent)
+        self._ensure(start + width)
+        sub = _Submission(self.slot, list(tokens), np.arange(start, start + width), self.batch._tril, start,
+                          list(self.pages), offer)
+        logits = self.batch.decode(sub)
+        self.tokens.extend(sub.tokens)
+        self._last = (start, None)
+        stream = _reading_stream(self.batch.device)
+        if stream is not None:
+            logits.record_stream(stream)
+        return logits
 
     def _block(self, tokens: list[int], start: int, tree: list[int] | None) -> torch.Tensor:
         rows, n = self.batch.width, len(tokens)

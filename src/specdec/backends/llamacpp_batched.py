@@ -15,14 +15,22 @@ other rows in its batch, and a stream per sequence keeps each sequence's cells i
 and flash attention would sum them in another order), so batching cannot change any request's
 text: tested with concurrent generations against each generation alone.
 
-Draft lengths are planned on the batch's cost: :meth:`SequenceBackend.forward_costs` gives the
-policy the *marginal* cost of a sequence's rows (:class:`MarginalCosts`), and ticks that are one
-forward teach the model's curve their rows and time.
+The batch chooses its draft lengths together: a sequence hands its whole draft and its policy's
+:class:`~specdec.policies.goodput.Offer` (:meth:`SequenceBackend.extend_offer`), and the tick picks
+every sequence's length at once for the most expected tokens per second of the tick
+(:func:`~specdec.policies.goodput.choose_lengths`), "nobody drafts" included, on what such a tick
+costs here (:meth:`SharedSequences.tick_cost`: llama.cpp's split of the tick into forwards, each
+priced by the model's :class:`~specdec.costs.BatchCosts`, which the ticks teach). A tick waits for
+every running sequence that is computing its next step, for up to a share of a tick's time (a
+sequence left behind would cost a tick of its own). A draft model's forwards (a burst of its own
+ticks) still price their rows at their margin (:meth:`SequenceBackend.forward_costs`,
+:class:`MarginalCosts`) to plan how much to draft.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 import weakref
@@ -31,17 +39,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from specdec.backends.base import check_extend
 from specdec.backends.llamacpp_kernels import Layout
 from specdec.backends.llamacpp_lib import decode, lib
 from specdec.backends.llamacpp_sequence import LlamaCppSequence
 from specdec.backends.llamacpp_weights import LlamaCppWeights
 from specdec.costs import CostModel, Costs
 from specdec.errors import SpecdecError
+from specdec.policies.goodput import Offer, TickCost, choose_lengths
 
 MAX_SEQ_IDS = 64  # sequences per context (llama.cpp allows 256; each has its own KV stream here)
 CELLS_PER_SLOT = 4096  # KV cells per sequence (prompt + answer + a draft)
-GATHER_S = 0.02  # how long a tick waits for a running sequence that has not submitted yet
+GATHER_S = 0.02  # how long a tick waits at least for a running sequence that has not submitted yet
+GATHER_SHARE = 0.25  # ... and at most this share of the last tick's time (see _gather_until)
 
 
 @dataclass
@@ -51,9 +63,39 @@ class _Submission:
     positions: list[int]
     seq_ids: list[list[int]]
     wanted: list[bool]
+    offer: Offer | None = None  # the batch keeps offer.rows + the chosen length of these rows
+    drafted: int = 0  # draft rows in it (for the counters)
     out: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+
+    def cut(self, rows: int) -> None:
+        """Keep the first ``rows`` rows (the batch's choice)."""
+        del self.tokens[rows:], self.positions[rows:], self.seq_ids[rows:], self.wanted[rows:]
+
+
+def forwards(seqs: Sequence[int], rows: Sequence[int], n_ubatch: int) -> list[tuple[int, int]]:
+    """The forwards llama.cpp computes a tick in, as (rows, sequences) each: sequence ``seqs[i]``
+    (ascending) puts in ``rows[i]`` rows. With a KV stream per sequence a batch is sliced by
+    ``split_equal``: each slice takes the same number of rows from a run of consecutive sequence
+    ids (the first one with rows left, then each next id while it has rows left; a missing id ends
+    the run), at most ``n_ubatch`` rows. So unequal lengths and gaps between ids cost forwards:
+    16 sequences of one row are one forward; one of them with 3 rows adds a forward of 2 rows."""
+    left = list(rows)
+    out = []
+    while True:
+        first = next((i for i, n in enumerate(left) if n > 0), None)
+        if first is None:
+            return out
+        run = [first]
+        # llama.cpp admits one sequence more than n_ubatch before it stops (see stream_ubatch)
+        while (run[-1] + 1 < len(left) and seqs[run[-1] + 1] == seqs[run[-1]] + 1 and left[run[-1] + 1] > 0
+               and len(run) <= n_ubatch):
+            run.append(run[-1] + 1)
+        each = max(1, min(min(left[i] for i in run), n_ubatch // len(run)))
+        for i in run:
+            left[i] -= each
+        out.append((each * len(run), len(run)))
 
 
 @dataclass
@@ -89,11 +131,18 @@ class SharedSequences:
         self._ticking = False
         self._thread: threading.Thread | None = None
         self._opened = 0.0  # when the tick being gathered opened (the last tick's end, or a first submission)
+        self._last_s = 0.0  # how long the last tick took
         self._log = _TickLog()
         self.costs: Callable[[], CostModel] | None = None  # the curve every tick teaches (set by the model)
         self.ticks = 0  # counters: ticks run, rows decoded, seconds in llama_decode
         self.rows = 0
         self.decode_s = 0.0
+        self.sequences = 0  # submissions in the ticks (their sum over ticks)
+        self.drafted = 0  # draft rows verified in them
+        self.offered = 0  # draft rows offered to the ticks' choice, and how many of them it took
+        self.taken = 0
+        self.drafting_ticks = 0  # ticks that verified a draft row
+        self.forwards = 0  # the forwards llama.cpp split the ticks into
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
 
     # -- sequences --------------------------------------------------------------------------------
@@ -129,8 +178,29 @@ class SharedSequences:
     # -- ticks --------------------------------------------------------------------------------------
     @staticmethod
     def submission(seq: int, tokens: list[int], positions: list[int], seq_ids: list[list[int]],
-                   wanted: list[bool]) -> _Submission:
-        return _Submission(seq, tokens, positions, seq_ids, wanted)
+                   wanted: list[bool], offer: Offer | None = None, drafted: int = 0) -> _Submission:
+        return _Submission(seq, list(tokens), list(positions), [list(i) for i in seq_ids], list(wanted), offer,
+                           drafted)
+
+    def tick_cost(self, seqs: Sequence[int]) -> TickCost:
+        """What a tick of these sequences (ascending ids) costs by the rows each puts in: alone, a
+        step on the model's curve (the single-stream policy's price, shape switch included);
+        together, llama.cpp's forwards of the tick (:func:`forwards`) on the model's
+        :class:`~specdec.costs.BatchCosts`. More rows than a batch holds: ruled out."""
+        curve = self.costs() if self.costs is not None else None
+        if curve is None:
+            raise SpecdecError("the batch's cost is unknown until the model's cost curve is measured")
+        room, n_ubatch = self.weights.n_batch, self.weights.n_ubatch
+        if len(seqs) == 1:
+            return lambda rows: curve.step(rows[0]) if rows[0] <= room else math.inf
+        batch = curve.batch
+
+        def cost(rows: Sequence[int]) -> float:
+            if sum(rows) > room:
+                return math.inf
+            return batch.tick(forwards(seqs, rows, n_ubatch))
+
+        return cost
 
     def decode(self, sub: _Submission) -> np.ndarray:
         """Run ``sub`` in the next tick with the other sequences' submissions; its logits rows."""
@@ -157,27 +227,42 @@ class SharedSequences:
             if not self._pending:
                 self._cond.wait(timeout)
                 return
-            # Lockstep: a tick waits until every running sequence has submitted (on 2 cores a
-            # decode that overlaps another sequence's Python work runs at half speed), but not
-            # longer than gather_s after it opened for one that is busy elsewhere.
-            waiting = {s.seq for s in self._pending}
-            wait = self._opened + self.gather_s - time.monotonic()
-            if self._active <= waiting or wait <= 0:
+            wait = self._gather_until() - time.monotonic()
+            if wait <= 0:
                 self._tick()
             else:
                 self._cond.wait(wait)
 
+    def _gather_until(self) -> float:
+        """When the tick being gathered runs (called with the condition held). Lockstep: a tick
+        waits until every running sequence has submitted (on 2 cores a decode that overlaps
+        another sequence's Python work runs at half speed), but not forever for one that is busy
+        elsewhere: at least ``gather_s`` after the tick opened, and longer where the ones missing
+        are many beside the ones waiting (each left behind pays a tick of its own, and the batch a
+        forward more, where waiting costs each one present the wait), up to a share of the last
+        tick's time."""
+        present = {s.seq for s in self._pending}
+        missing = len(self._active - present)
+        if not missing:
+            return self._opened
+        share = min(GATHER_SHARE, missing / max(1, len(present)))
+        return self._opened + max(self.gather_s, share * self._last_s)
+
     def _tick(self) -> None:
-        """Decode the pending submissions that fit one batch (called with the condition held; the
-        decode itself runs without it, so sequences can queue for the next tick meanwhile)."""
+        """Decode the pending submissions that fit one batch, their draft lengths chosen together
+        (called with the condition held; the decode itself runs without it, so sequences can queue
+        for the next tick meanwhile)."""
         room, chosen = self.weights.n_batch, []
-        for sub in list(self._pending):
-            if len(sub.tokens) <= room:
+        for sub in sorted(self._pending, key=lambda sub: sub.seq):
+            need = sub.offer.rows if sub.offer is not None else len(sub.tokens)
+            if need <= room:
                 chosen.append(sub)
-                room -= len(sub.tokens)
+                room -= need
                 self._pending.remove(sub)
+        self._choose(chosen)
         self._ticking = True
         self._cond.release()
+        t0 = time.monotonic()
         try:
             seconds = self._run(chosen)
         except BaseException as exc:  # every submission of the tick fails with it
@@ -188,29 +273,59 @@ class SharedSequences:
             self._cond.acquire()
             self._ticking = False
             self._opened = time.monotonic()
+            self._last_s = self._opened - t0
             for sub in chosen:
                 sub.done = True
             self._cond.notify_all()
-        total = sum(len(s.tokens) for s in chosen)
+        self._learn(chosen, seconds)
+
+    def _choose(self, chosen: list[_Submission]) -> None:
+        """Cut the offered drafts to the lengths with the tick's best expected tokens per second."""
+        if not any(sub.offer is not None and sub.offer.most for sub in chosen):
+            return
+        offers = [sub.offer if sub.offer is not None else _fixed(sub) for sub in chosen]
+        try:
+            cost = self.tick_cost([sub.seq for sub in chosen])
+        except SpecdecError:  # no curve yet: plain steps (nothing measured says a draft pays)
+            lengths = [0] * len(offers)
+        else:
+            lengths = choose_lengths(offers, cost)
+        for sub, offer, n in zip(chosen, offers, lengths):
+            if sub.offer is not None:
+                sub.cut(offer.rows + n)
+                sub.drafted = n
+                self.offered += offer.most
+                self.taken += n
+
+    def _learn(self, chosen: list[_Submission], seconds: float) -> None:
+        """Counters, and what the tick teaches the model's costs (called with the condition held)."""
+        rows = [len(s.tokens) for s in chosen]
+        total = sum(rows)
+        split = forwards([s.seq for s in chosen], rows, self.weights.n_ubatch)
         for sub in chosen:
             self._log.rows[sub.seq] = len(sub.tokens)
         curve = self.costs() if self.costs is not None else None
-        # Only a tick that llama.cpp computes as one forward is a point of the curve: one
-        # submission, or one row each (unequal rows are sliced into several forwards).
-        if seconds > 0 and curve is not None and (len(chosen) == 1 or total == len(chosen)):
-            curve.observe(total, seconds, after=self._log.last_total)
+        if seconds > 0 and curve is not None:
+            if len(chosen) == 1:  # one sequence's forward: a point of the model's own curve
+                curve.observe(total, seconds, after=self._log.last_total)
+            else:
+                curve.batch.observe(split, seconds)
         self._log.last_total = total
         self.ticks += 1
         self.rows += total
         self.decode_s += seconds
+        self.sequences += len(chosen)
+        drafted = sum(s.drafted for s in chosen)
+        self.drafted += drafted
+        self.drafting_ticks += drafted > 0
+        self.forwards += len(split)
         if self.trace is not None:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
 
     def _run(self, chosen: list[_Submission]) -> float:
+        """Decode ``chosen`` (in sequence id order: with a KV stream per sequence llama.cpp splits
+        a batch wherever its sequence ids are not consecutive, one more forward each time)."""
         batch = self.batch
-        # Sequences in id order: with a KV stream per sequence llama.cpp splits a batch wherever
-        # its sequence ids are not consecutive (one more forward each time).
-        chosen = sorted(chosen, key=lambda sub: sub.seq)
         n = 0
         for sub in chosen:
             for i, tok in enumerate(sub.tokens):
@@ -241,6 +356,11 @@ class SharedSequences:
             self.ctx = None
 
 
+def _fixed(sub: _Submission) -> Offer:
+    """A submission without an offer, as one: its rows whatever is chosen, worth a step's token."""
+    return Offer((1.0,), len(sub.tokens))
+
+
 def _ticker(ref: weakref.ref) -> None:
     """The decode thread of a :class:`SharedSequences` (ends when it is gone)."""
     while True:
@@ -266,10 +386,34 @@ class SequenceBackend(LlamaCppSequence):
                          kv=shared.kv)
         self.max_length = shared.max_length
 
+    chooses_lengths = True
+
     def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
                    wanted: list[bool]) -> np.ndarray:
         """A submission to the next tick (this sequence's rows with the other sequences')."""
-        return self.shared.decode(self.shared.submission(self.slot, list(tokens), positions, seq_ids, wanted))
+        drafted = len(tokens) - 1 if len(tokens) > 1 and all(wanted) else 0  # a draft cut alone, verified
+        return self.shared.decode(self.shared.submission(self.slot, tokens, positions, seq_ids, wanted,
+                                                         drafted=drafted))
+
+    def extend_offer(self, tokens: Sequence[int], offer: Offer) -> torch.Tensor:
+        """The step's last token and its whole draft chain into the next tick, which keeps the
+        first ``1 + i`` rows, i chosen with the other sequences' offers; their logits."""
+        check_extend(tokens)
+        if self._last[1] is not None:
+            raise ValueError("a tree extend must be followed by truncate, not another extend")
+        if offer.rows != 1 or offer.most != len(tokens) - 1:
+            raise ValueError(f"the offer is for {offer.rows} row(s) and {offer.most} draft tokens, "
+                             f"the extend has 1 and {len(tokens) - 1}")
+        tokens = list(tokens)
+        if len(tokens) > self.weights.n_batch:  # more than a tick holds: the offer's first rows
+            tokens, offer = tokens[:self.weights.n_batch], Offer(offer.gains[:self.weights.n_batch], 1, offer.spent)
+        self._check_room(tokens)
+        self._make_room(len(tokens))
+        base, n = len(self.tokens), len(tokens)
+        out = self.shared.decode(self.shared.submission(self.slot, tokens, [base + i for i in range(n)],
+                                                        [[self.seq0]] * n, [True] * n, offer=offer))
+        self.tokens.extend(tokens[:out.shape[0]])
+        return torch.from_numpy(out)
 
     def _clear_cells(self) -> None:
         llama = lib()

@@ -5,12 +5,11 @@ sizing for trees), a generation's :class:`Calibration` of its drafter's confiden
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from specdec.costs import CostModel
 from specdec.errors import SpecdecError
 from specdec.policies.adaptive_parts import Calibration, Plan, Tuning
 from specdec.policies.base import DraftPolicy
+from specdec.policies.goodput import Offer, TickCost, choose_lengths
 from specdec.registry import PolicyRequest, policy
 from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
@@ -46,24 +45,33 @@ class AdaptiveK(DraftPolicy):
         return self.plan.length(d, self.costs.step) if d > 0 else self.k
 
     def choose(self, draft: Draft) -> int:
-        """Leading draft nodes to verify (0: a plain step pays best)."""
-        confidence = self.calibration.scaled(draft.confidence) if draft.confidence else [self.acceptance] * len(draft)
-        parents = draft.parents if draft.parents is not None else chain(len(draft))
-        cost = self._cost(draft)
-        best_i, best_rate, expected = 0, 1 / cost(0), 1.0
-        for i, survive in enumerate(path_probabilities(parents, confidence), start=1):
-            expected += survive
-            if expected / cost(i) > best_rate:
-                best_i, best_rate = i, expected / cost(i)
+        """Leading draft nodes to verify (0: a plain step pays best): the goodput choice of a
+        batch of one (:func:`~specdec.policies.goodput.choose_lengths`)."""
+        best_i = choose_lengths([self._offer(draft)], self._step_cost_of(draft))[0]
         self.calibration.chose(draft, best_i)
         return best_i
 
-    def _cost(self, draft: Draft) -> Callable[[int], float]:
-        """Seconds of a step verifying i nodes, a draft model's forwards included (spent anyway)."""
+    def offer(self, draft: Draft) -> Offer | None:
+        """Each prefix's expected tokens, for a batch that chooses the lengths together (not for a
+        draft that prices its own verification: its step is no rows on a curve)."""
+        return None if draft.verify_cost is not None else self._offer(draft)
+
+    def taken(self, draft: Draft, n: int) -> None:
+        self.calibration.chose(draft, n)
+
+    def _offer(self, draft: Draft) -> Offer:
+        """Per-token acceptance a_1..a_k (calibrated ``Draft.confidence``, or the running rate) as
+        path probabilities; a draft model's forwards are spent whatever is verified."""
+        confidence = self.calibration.scaled(draft.confidence) if draft.confidence else [self.acceptance] * len(draft)
+        parents = draft.parents if draft.parents is not None else chain(len(draft))
+        spent = 0.0 if draft.verify_cost is not None else draft.forwards * self._step_cost
+        return Offer.of(path_probabilities(parents, confidence), spent)
+
+    def _step_cost_of(self, draft: Draft) -> TickCost:
+        """Seconds of this sequence's step by its rows (the last token and the nodes verified)."""
         if draft.verify_cost is not None:
-            return lambda i: draft.verify_cost(i) * self.costs.forward(1)
-        spent = draft.forwards * self._step_cost
-        return lambda i: spent + self.costs.step(i + 1)
+            return lambda rows: draft.verify_cost(rows[0] - 1) * self.costs.forward(1)
+        return lambda rows: self.costs.step(rows[0])
 
     def stop_drafting(self, confidence: list[float]) -> bool:
         """Threshold drafting: stop once the draft is unlikely to survive, or once one more paid

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from specdec.backends.base import Backend
+from specdec.policies.goodput import Offer
 from specdec.types import Draft
 
 
@@ -24,6 +25,17 @@ class DraftPolicy(ABC):
     def choose(self, draft: Draft) -> int:
         """How many of ``draft``'s tokens to verify (default: all of them)."""
         return len(draft)
+
+    def offer(self, draft: Draft) -> Offer | None:
+        """What verifying each prefix of ``draft`` is worth (:class:`~specdec.policies.goodput.Offer`),
+        for a target whose batch chooses every sequence's draft length together
+        (:attr:`specdec.backends.base.Backend.chooses_lengths`); None (the default): this policy's
+        :meth:`choose` decides alone, and the batch verifies what it kept."""
+        return None
+
+    def taken(self, draft: Draft, n: int) -> None:
+        """The batch verifies the first ``n`` nodes of ``draft``, which :meth:`offer` valued (in
+        place of :meth:`choose`)."""
 
     def stop_drafting(self, confidence: list[float]) -> bool:
         """Whether a drafter that pays per token should stop after these (default: never)."""

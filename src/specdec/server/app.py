@@ -56,6 +56,8 @@ class Server:
             loaded.enable_memory(capacity=self.config.index_tokens)
         if self.config.batch and loaded.batched is None:
             loaded.enable_batching(self.config.slots, self.config.kv_memory)
+        if loaded.batched is not None:
+            self.metrics.watch_batch(loaded.batched)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
@@ -158,8 +160,8 @@ class Server:
                 opening = answer.opening()
                 yield sse(opening) if opening else ""
                 async with aclosing(self.scheduler.steps(run)) as steps:
-                    async for _ in steps:
-                        text = deltas.update(run.result.token_ids, run.done)
+                    async for progress in steps:
+                        text = deltas.update(progress.token_ids, progress.done)
                         if text:
                             if first:
                                 self.metrics.first_token.observe(time.perf_counter() - t0)

@@ -48,5 +48,37 @@ class ServerMetrics:
         for position, n in enumerate(stats.accepted_per_pos):
             self.accepted_per_pos.labels(position=str(position)).inc(n)
 
+    def watch_batch(self, batched) -> None:
+        """Count the ticks of a model's batched sequences (:class:`~specdec.backends.base.BatchedSequences`)
+        under ``specdec:batch_*``: ticks, the sequences and rows in them, the draft rows verified,
+        the ticks that verified any, and the forwards the backend split them into (read when
+        scraped; a counter the backend does not keep is left out)."""
+        self.registry.register(_BatchCollector(batched))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BatchCollector:
+    """The batch's own counters, read from it when scraped."""
+
+    COUNTERS = (("ticks", "batch_ticks", "ticks (batched forwards) run"),
+                ("sequences", "batch_sequences", "sequences stepped in the ticks (a sum over ticks)"),
+                ("rows", "batch_rows", "rows decoded in the ticks"),
+                ("drafted", "batch_draft_rows", "draft rows verified in the ticks"),
+                ("offered", "batch_offered_rows", "draft rows offered to the ticks' joint choice of lengths"),
+                ("taken", "batch_taken_rows", "offered draft rows the joint choice verified"),
+                ("drafting_ticks", "batch_drafting_ticks", "ticks that verified a draft row"),
+                ("forwards", "batch_forwards", "forwards the ticks were split into"),
+                ("decode_s", "batch_decode_seconds", "seconds in the ticks' forwards"))
+
+    def __init__(self, batched) -> None:
+        self.batched = batched
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        for attribute, name, help_text in self.COUNTERS:
+            value = getattr(self.batched, attribute, None)
+            if value is not None:
+                yield CounterMetricFamily(f"specdec:{name}", help_text, value=float(value))

@@ -2,9 +2,11 @@
 its own KV cache, or its own sequence of a batched context; the rest wait in line). Unbatched,
 target forwards run one at a time, step by step, in arrival order, so concurrent generations
 interleave fairly on this CPU. Batched (``serial=False``: the model's backends step together,
-:mod:`specdec.backends.llamacpp_batched`), every generation's step runs at once in its own worker
-thread and the backend puts their forwards in one batch. A step is never interrupted; a client
-that goes away frees its slot and backend after the step in flight.
+:mod:`specdec.backends.llamacpp_batched`), every generation runs its steps back to back in a worker
+thread of its own and the backend puts their forwards in one batch; the steps reach the request
+through a queue, so a generation's next step does not wait for the event loop to stream the last
+one (with many streams the loop's turn came after the next batch had left without it). A step is
+never interrupted; a client that goes away frees its slot and backend after the step in flight.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -59,53 +62,58 @@ class Scheduler:
             async with self.compute:
                 return await anyio.to_thread.run_sync(call, *args)
 
-    async def steps(self, run: DecodeRun) -> AsyncIterator[StepTrace]:
-        """The steps of ``run``, each computed in its turn (serial), or one after another in a
-        worker thread of the generation's own (batched: see :meth:`_running`)."""
-        try:
-            if self.compute is not None:
-                steps = iter(run)
+    async def steps(self, run: DecodeRun) -> AsyncIterator[Progress]:
+        """The steps of ``run``, each computed in its turn (batched: as soon as the last one is),
+        with the output as it stood after each."""
+        if self.compute is not None:
+            steps = iter(run)
+            try:
                 while (step := await self.run(next, steps, None)) is not None:
-                    yield step
-            else:
-                async for step in self._running(run):
-                    yield step
-        finally:
-            run.close()  # hands the backend back now, also when the client went away
-
-    async def _running(self, run: DecodeRun) -> AsyncIterator[StepTrace]:
-        """Batched: the generation steps in one worker thread from start to end and hands each step
-        over as it comes. A thread hop per step would put every step's next forward behind the
-        event loop's turn (with many streams, late for the batch it could have joined). A consumer
-        that stops (the client left) stops the thread after the step in flight and waits for it."""
+                    yield Progress(step, run.result.token_ids[:step.position + len(step.emitted)], run.done)
+            finally:
+                run.close()  # hands the backend back now, also when the client went away
+            return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
-        done = object()
 
-        def work() -> None:
+        def produce() -> None:
+            put = loop.call_soon_threadsafe
             try:
                 for step in run:
-                    loop.call_soon_threadsafe(queue.put_nowait, step)
+                    put(queue.put_nowait, Progress(step, run.result.token_ids[:step.position + len(step.emitted)],
+                                                   run.done))
                     if stop.is_set():
                         break
-            except BaseException as exc:  # noqa: BLE001 - raised in the consumer
-                loop.call_soon_threadsafe(queue.put_nowait, _Failed(exc))
+            except BaseException as exc:  # the request's, not the worker's: raised where it waits
+                put(queue.put_nowait, _Failed(exc))
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, done)
+                run.close()
+                put(queue.put_nowait, None)
 
-        worker = asyncio.ensure_future(anyio.to_thread.run_sync(work, limiter=self.limiter))
+        worker = asyncio.ensure_future(anyio.to_thread.run_sync(produce, limiter=self.limiter))
         try:
-            while (item := await queue.get()) is not done:
+            while (item := await queue.get()) is not None:
                 if isinstance(item, _Failed):
                     raise item.error
                 yield item
         finally:
-            stop.set()
+            stop.set()  # the worker ends after the step in flight
             with anyio.CancelScope(shield=True):
-                await worker  # no step in flight once it returns: the run may be closed
+                await worker
+            run.close()
 
 
+@dataclass(frozen=True)
+class Progress:
+    """One step of a generation, with its new tokens up to and including the step's and whether
+    it was the last (a batched generation may be further along by the time it is read)."""
+
+    step: StepTrace
+    token_ids: list[int]
+    done: bool
+
+
+@dataclass(frozen=True)
 class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    error: BaseException

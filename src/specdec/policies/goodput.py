@@ -1,0 +1,132 @@
+"""The draft lengths of a batch chosen together: every sequence's length in one tick is picked to
+maximise the tick's expected tokens per second (goodput), "nobody drafts" included (SmartSpec, Liu
+et al. 2024; TurboSpec).
+
+A sequence alone drafts while its expected gain beats its own step's cost. In a batch every row it
+adds lengthens the tick for every other sequence in it, so the batch chooses: each sequence makes
+an :class:`Offer` (the expected tokens of its step if the first i nodes of its draft are verified,
+from its policy's calibrated confidence), the backend says what a tick of given rows per sequence
+costs (a :data:`TickCost`: llama.cpp splits unequal rows into several forwards, a GPU's padded
+graph costs the same whatever the rows), and :func:`choose_lengths` returns every sequence's
+length. With one sequence whose tick costs its own step, it is the adaptive policy's choice
+(:meth:`specdec.policies.adaptive.AdaptiveK.choose` calls it so).
+
+Pure and backend-agnostic: nothing here knows a model, a thread or a backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+TickCost = Callable[[Sequence[int]], float]
+"""Seconds of a tick whose sequences put in these rows (one number per sequence, in the order of
+the offers): the whole tick, shared by all of them."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one sequence puts in a tick: ``rows`` rows it needs whatever is chosen (the last token
+    of a step, a prompt chunk) and up to ``most`` draft nodes after them.
+
+    ``gains[i]`` is the tokens the step is expected to yield if its first i draft nodes are verified
+    (``gains[0]``: without any; a step yields its target's own token, 1, a prompt chunk 0). Draft
+    nodes come parents first, so every prefix is a draft; the expected accepted tokens of a prefix
+    are the sum of its nodes' path probabilities. ``spent``: seconds this step already spent
+    drafting (a draft model's forwards), counted in its time as the single-stream policy counts it.
+    """
+
+    gains: tuple[float, ...] = (1.0,)
+    rows: int = 1
+    spent: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.gains:
+            raise ValueError("an offer needs the gain of its step without a draft (gains[0])")
+        if any(not math.isfinite(g) or g < 0 for g in self.gains):
+            raise ValueError(f"an offer's gains must be finite and >= 0, got {list(self.gains)}")
+        if isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 0:
+            raise ValueError(f"an offer's rows must be a whole number >= 0, got {self.rows!r}")
+        if not (math.isfinite(self.spent) and self.spent >= 0):
+            raise ValueError(f"an offer's spent seconds must be finite and >= 0, got {self.spent}")
+
+    @property
+    def most(self) -> int:
+        """Draft nodes on offer."""
+        return len(self.gains) - 1
+
+    @classmethod
+    def of(cls, survival: Sequence[float], spent: float = 0.0) -> Offer:
+        """A step's offer from its draft nodes' path probabilities (P(node and its ancestors are
+        accepted)): gains[i] = 1 + the first i of them, summed in order."""
+        gains, expected = [1.0], 1.0
+        for p in survival:
+            expected += p
+            gains.append(expected)
+        return cls(tuple(gains), 1, spent)
+
+
+def goodput(offers: Sequence[Offer], lengths: Sequence[int], cost: TickCost) -> float:
+    """Expected tokens per second of a tick in which each offer verifies ``lengths`` draft nodes."""
+    if len(lengths) != len(offers):
+        raise ValueError(f"{len(lengths)} lengths for {len(offers)} offers")
+    tokens = sum(o.gains[n] for o, n in zip(offers, lengths))
+    seconds = sum(o.spent for o in offers) + cost([o.rows + n for o, n in zip(offers, lengths)])
+    return _rate(tokens, seconds)
+
+
+def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
+    """Each offer's number of draft nodes to verify: the lengths with the best :func:`goodput`,
+    searched from nobody drafting by moves, each the one that raises goodput most, until none
+    does. A move sets one sequence's length, or sets every sequence that has that many nodes on
+    offer to one length (a batch whose forwards are cheapest when its sequences put in equal rows,
+    as llama.cpp slices them, gains there what no one sequence gains alone). Ties go to the first
+    move found: the lower sequence, the shorter length, one sequence before all.
+
+    With one offer that is the best length outright, the shortest of equals, as the single-stream
+    policy picks it. A cost need not be smooth: a length whose rows make the tick cheaper (a
+    kernel's sweet spot, an equal split of the batch) is found like any other; ``math.inf`` rules
+    a combination out. Work: the nodes on offer (and the longest offer) times the moves made, one
+    cost call each.
+    """
+    lengths = [0] * len(offers)
+    tokens = sum(o.gains[0] for o in offers)
+    spent = sum(o.spent for o in offers)
+    best = _rate(tokens, spent + cost([o.rows for o in offers]))
+    longest = max((o.most for o in offers), default=0)
+    while True:
+        move: list[int] | None = None
+        rows = [o.rows + n for o, n in zip(offers, lengths)]
+        for s, offer in enumerate(offers):
+            now, held = lengths[s], rows[s]
+            others = tokens - offer.gains[now]
+            for n in range(offer.most + 1):
+                if n == now:
+                    continue
+                rows[s] = offer.rows + n
+                rate = _rate(others + offer.gains[n], spent + cost(rows))
+                if rate > best:
+                    best, move = rate, lengths[:s] + [n] + lengths[s + 1:]
+            rows[s] = held
+        if len(offers) > 1:
+            for n in range(1, longest + 1):
+                level = [n if o.most >= n else now for o, now in zip(offers, lengths)]
+                if level == lengths:
+                    continue
+                gained = sum(o.gains[m] for o, m in zip(offers, level))
+                rate = _rate(gained, spent + cost([o.rows + m for o, m in zip(offers, level)]))
+                if rate > best:
+                    best, move = rate, level
+        if move is None:
+            return lengths
+        lengths = move
+        tokens = sum(o.gains[m] for o, m in zip(offers, lengths))
+
+
+def _rate(tokens: float, seconds: float) -> float:
+    if math.isnan(seconds) or seconds == math.inf:  # a combination the cost rules out
+        return -math.inf
+    if seconds <= 0:
+        raise ValueError(f"a tick must cost some time, the cost gave {seconds}")
+    return tokens / seconds

@@ -1,0 +1,204 @@
+"""The batch's draft lengths chosen together (specdec.policies.goodput): hand-computed ticks,
+"nobody drafts" among them; one sequence chooses as the single-stream policy always chose; the
+engine verifies the draft cut to what the batch took and still gives plain decoding's tokens."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from conftest import ScriptDrafter, plain_tokens
+from specdec.backends.llamacpp_batched import forwards
+from specdec.backends.toy import ToyBackend, ToyLM
+from specdec.costs import BatchCosts, CostModel
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import DecodeConfig, decode
+from specdec.policies.adaptive import AdaptiveK
+from specdec.policies.goodput import Offer, choose_lengths, goodput
+from specdec.tree import chain, path_probabilities
+from specdec.types import Draft
+
+
+def per_draft(base: float, forward: float, row: float):
+    """A tick of ``base`` seconds, plus ``forward`` for each sequence that drafts (its rows make a
+    forward of their own, as on llama.cpp) and ``row`` for each draft row."""
+    return lambda rows: base + sum(forward + row * (n - 1) for n in rows if n > 1)
+
+
+def best_by_enumeration(offers, cost):
+    best, chosen = -math.inf, None
+    for lengths in itertools.product(*(range(o.most + 1) for o in offers)):
+        rate = goodput(offers, lengths, cost)
+        if rate > best:
+            best, chosen = rate, list(lengths)
+    return chosen, best
+
+
+def test_nobody_drafts_when_no_draft_pays_for_the_forward_it_adds():
+    # Plain: 2 tokens in 1 s. One 0.3-likely token: 2.3 tokens in 1.6 s (1.44/s); both: 2.6 in 2.2 s.
+    offers = [Offer.of([0.3]), Offer.of([0.3])]
+    assert choose_lengths(offers, per_draft(1.0, 0.5, 0.1)) == [0, 0]
+    assert goodput(offers, [0, 0], per_draft(1.0, 0.5, 0.1)) == 2.0
+
+
+def test_a_long_confident_draft_beside_many_without_is_verified_whole():
+    # 8 sequences, one with 7 tokens at 0.99 each. Plain: 8 tokens in 1 s. Its i tokens add
+    # 0.99 + ... + 0.99**i tokens for 0.2 + 0.05 i seconds: i = 7 gives 14.7255 / 1.55 = 9.50 a
+    # second, i = 6 13.8519 / 1.5 = 9.23; every shorter one less.
+    offers = [Offer()] * 3 + [Offer.of([0.99 ** i for i in range(1, 8)])] + [Offer()] * 4
+    cost = per_draft(1.0, 0.2, 0.05)
+    assert choose_lengths(offers, cost) == [0, 0, 0, 7, 0, 0, 0, 0]
+    assert goodput(offers, [0, 0, 0, 7, 0, 0, 0, 0], cost) == pytest.approx(14.7255 / 1.55, rel=1e-4)
+
+
+def test_a_draft_that_pays_its_sequence_alone_waits_when_its_forward_holds_up_the_batch():
+    confident = Offer.of([0.9, 0.81, 0.729])  # 2.439 expected accepted tokens of 3
+    # Alone: a step of 1 s, each draft row 0.4 s more: 3 rows give 3.439 tokens in 2.2 s (1.56/s).
+    alone = lambda rows: 1.0 + 0.4 * (rows[0] - 1)  # noqa: E731
+    assert choose_lengths([confident], alone) == [3]
+    # Beside 15 plain sequences in a 4 s tick whose forward of its rows (1 s + 0.4 a row) all wait
+    # for: 16 tokens in 4 s (4/s) against at best 18.439 in 6.2 s (2.97/s).
+    tick = lambda rows: 4.0 + sum(1.0 + 0.4 * (n - 1) for n in rows if n > 1)  # noqa: E731
+    assert choose_lengths([confident] + [Offer()] * 15, tick) == [0] * 16
+
+
+def test_sequences_that_draft_alike_share_a_forward_that_none_pays_alone():
+    # Four sequences, one 0.9-likely token each; a tick costs 1 s + 0.1 a row + 1 s for each
+    # distinct row count past the first (llama.cpp slices unequal rows into forwards of their own).
+    # Plain: 4 / 1.4 = 2.86/s; one drafting: 4.9 / 2.5 = 1.96/s; all four: 7.6 / 1.8 = 4.22/s.
+    offers = [Offer.of([0.9])] * 4
+    cost = lambda rows: 1.0 + 0.1 * sum(rows) + (len(set(rows)) - 1)  # noqa: E731
+    assert choose_lengths(offers, cost) == [1, 1, 1, 1]
+    assert goodput(offers, [1, 1, 1, 1], cost) == pytest.approx(7.6 / 1.8)
+
+
+def test_a_cost_that_rules_rows_out_is_never_chosen_and_fixed_rows_count_in_the_tick():
+    offers = [Offer.of([0.99] * 6), Offer((0.0,), rows=30)]  # a prompt chunk of 30 rows beside a draft
+    cost = lambda rows: math.inf if sum(rows) > 34 else 1.0 + 0.01 * sum(rows)  # noqa: E731
+    assert choose_lengths(offers, cost) == [3, 0]  # 4 + 30 rows fill the batch
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_choice_is_the_best_of_every_combination_on_small_batches(seed):
+    rng = random.Random(seed)
+    offers = [Offer.of(path_probabilities(chain(n), [rng.random() for _ in range(n)]))
+              for n in (rng.randint(0, 4) for _ in range(rng.randint(1, 4)))]
+    base, forward, row = rng.uniform(0.5, 3), rng.uniform(0, 1.5), rng.uniform(0.01, 0.5)
+    cost = per_draft(base, forward, row)
+    chosen = choose_lengths(offers, cost)
+    assert goodput(offers, chosen, cost) == pytest.approx(best_by_enumeration(offers, cost)[1])
+
+
+def old_choose(costs: CostModel, confidence: list[float], spent: float = 0.0) -> int:
+    """AdaptiveK.choose before the batch chose (the single-stream rule this must keep)."""
+    cost = lambda i: spent + costs.step(i + 1)  # noqa: E731
+    best_i, best_rate, expected = 0, 1 / cost(0), 1.0
+    for i, survive in enumerate(path_probabilities(chain(len(confidence)), confidence), start=1):
+        expected += survive
+        if expected / cost(i) > best_rate:
+            best_i, best_rate = i, expected / cost(i)
+    return best_i
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_one_sequence_chooses_as_the_single_stream_policy_chose(seed):
+    rng = random.Random(seed)
+    curve = CostModel({n: n ** rng.uniform(0.2, 1.0) * rng.uniform(0.8, 1.2) for n in range(1, 17)},
+                      switch=rng.uniform(0, 0.4))
+    confidence = [rng.choice([rng.random(), 0.99, 0.5]) for _ in range(rng.randint(1, 16))]
+    spent = rng.choice([0.0, rng.uniform(0, 2)])
+    offer = Offer.of(path_probabilities(chain(len(confidence)), confidence), spent)
+    assert choose_lengths([offer], lambda rows: curve.step(rows[0])) == [old_choose(curve, confidence, spent)]
+
+
+def test_bad_offers_are_refused_clearly():
+    with pytest.raises(ValueError, match="gains"):
+        Offer(())
+    with pytest.raises(ValueError, match="finite"):
+        Offer((1.0, math.nan))
+    with pytest.raises(ValueError, match="rows"):
+        Offer((1.0,), rows=-1)
+    with pytest.raises(ValueError, match="lengths"):
+        goodput([Offer()], [0, 0], lambda rows: 1.0)
+    with pytest.raises(ValueError, match="cost some time"):
+        choose_lengths([Offer.of([0.5])], lambda rows: 0.0)
+
+
+def test_llama_cpp_slices_a_tick_by_runs_of_consecutive_sequences_and_equal_rows():
+    assert forwards(range(16), [1] * 16, 512) == [(16, 16)]
+    assert forwards(range(16), [1] * 5 + [3] + [1] * 10, 512) == [(16, 16), (2, 1)]
+    # two drafting sequences apart: a forward each; side by side and alike: one
+    assert forwards(range(16), [1, 1, 1, 2, 1, 1, 1, 1, 1, 2] + [1] * 6, 512) == [(16, 16), (1, 1), (1, 1)]
+    assert forwards(range(16), [1, 1, 1, 2, 2] + [1] * 11, 512) == [(16, 16), (2, 2)]
+    assert forwards([0, 1, 2, 4, 5], [1] * 5, 512) == [(3, 3), (2, 2)]  # a gap in the ids
+    assert forwards([0, 1], [5, 2], 512) == [(4, 2), (3, 1)]
+    assert forwards(range(4), [8] * 4, 8) == [(8, 4)] * 4  # at most n_ubatch rows a forward
+
+
+def test_batch_costs_learn_each_forward_shape_from_the_ticks():
+    curve = CostModel({1: 1.0, 2: 1.5, 16: 4.0, 64: 12.0})
+    batch = BatchCosts(curve)
+    assert batch.forward(16, 16) == 4.0 and batch.tick([(16, 16), (2, 1)]) == 5.5  # the curve, at first
+    for _ in range(40):
+        batch.observe([(16, 16)], 3.0)  # sixteen sequences of one row cost less than the curve says
+    assert batch.forward(16, 16) == pytest.approx(3.0, rel=0.01)
+    assert curve.forward(16) == 4.0  # the model's own curve is left as it was
+    # A batch that lost a sequence: 15 rows, never run, priced as the nearest rows a tick ran.
+    assert batch.factor(15, 15) == batch.factor(16, 16) and batch.factor(16, 1) == batch.factor(16, 16)
+    assert batch.factor(40, 40) == pytest.approx(0.75, rel=0.02)  # far from any: what all ticks taught
+    for _ in range(60):
+        batch.observe([(16, 16), (1, 1)], 5.0)  # with a second forward of one row: 2 s, not 1
+    assert batch.tick([(16, 16), (1, 1)]) == pytest.approx(5.0, rel=0.02)
+    before = batch.tick([(16, 16), (1, 1)])
+    batch.observe([(16, 16), (300, 1)], 1000.0)  # a prompt's forward: another regime, not learned from
+    assert batch.tick([(16, 16), (1, 1)]) == before and batch.observations == 100
+
+
+class BatchChooses(ToyBackend):
+    """A toy sequence whose batch chooses its draft lengths: every step's offer goes into a tick
+    beside the other sequences' ``offers`` (fixed), on a cost where drafts compete for rows."""
+
+    chooses_lengths = True
+
+    def __init__(self, lm: ToyLM, others: list[Offer], cost) -> None:
+        super().__init__(lm)
+        self.others, self.cost, self.taken = others, cost, []
+
+    def extend_offer(self, tokens, offer):
+        n = choose_lengths([offer, *self.others], self.cost)[0]
+        self.taken.append((offer.most, n))
+        return self.extend(tokens[:1 + n])
+
+
+@pytest.mark.parametrize("busy", [0, 3, 15])
+@pytest.mark.parametrize("kind", ["ngram", "oracle", "anti-oracle"])
+def test_answers_are_plain_decodings_whatever_the_batch_takes_of_each_draft(busy, kind):
+    lm = ToyLM(8, 2, seed=3, scale=2.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    cfg = DecodeConfig(max_new_tokens=40)
+    plain = plain_tokens(lm, prompt, cfg)
+    others = [Offer.of([0.6, 0.36])] * busy
+    target = BatchChooses(lm, others, per_draft(1.0 + 0.2 * busy, 0.4, 0.05))
+    drafter = NgramDrafter() if kind == "ngram" else ScriptDrafter(prompt + plain, lm.vocab_size,
+                                                                  right=kind == "oracle")
+    out = decode(target, prompt, cfg, drafter, AdaptiveK(CostModel({1: 1.0, 16: 1.6})))
+    assert out.token_ids == plain
+    assert target.taken, "no draft was offered to the batch"
+    drafted = sum(step.drafted != [] for step in out.trace)
+    assert drafted == sum(n > 0 for _, n in target.taken)  # what was taken was verified
+    assert out.stats.drafted == sum(n for _, n in target.taken)
+    if kind == "oracle" and busy == 0:
+        assert any(n > 0 for _, n in target.taken)
+
+
+def test_the_policy_offers_what_it_would_have_chosen_alone():
+    policy = AdaptiveK(CostModel({1: 1.0, 2: 1.3, 4: 1.9, 8: 3.0}))
+    draft = Draft([5, 6, 7, 8], confidence=[0.9, 0.8, 0.5, 0.2])
+    offer = policy.offer(draft)
+    assert offer.most == 4 and offer.gains[0] == 1.0
+    assert offer.gains[2] == pytest.approx(1 + 0.9 + 0.72)
+    assert choose_lengths([offer], lambda rows: policy.costs.step(rows[0]))[0] == policy.choose(draft)
+    assert policy.offer(Draft([5], confidence=[0.9], verify_cost=lambda n: 1.0 + n)) is None
