@@ -138,23 +138,24 @@ def test_llama_cpp_slices_a_tick_by_runs_of_consecutive_sequences_and_equal_rows
     assert forwards(range(4), [8] * 4, 8) == [(8, 4)] * 4  # at most n_ubatch rows a forward
 
 
-def test_batch_costs_learn_each_forward_shape_from_the_ticks():
+def test_batch_costs_learn_what_each_forward_of_a_tick_took():
     curve = CostModel({1: 1.0, 2: 1.5, 16: 4.0, 64: 12.0})
     batch = BatchCosts(curve)
     assert batch.forward(16, 16) == 4.0 and batch.tick([(16, 16), (2, 1)]) == 5.5  # the curve, at first
-    for _ in range(40):
+    for _ in range(30):
         batch.observe([(16, 16)], 3.0)  # sixteen sequences of one row cost less than the curve says
-    assert batch.forward(16, 16) == pytest.approx(3.0, rel=0.01)
+    assert batch.forward(16, 16) == pytest.approx(3.0, rel=0.02)
     assert curve.forward(16) == 4.0  # the model's own curve is left as it was
-    # A batch that lost a sequence: 15 rows, never run, priced as the nearest rows a tick ran.
-    assert batch.factor(15, 15) == batch.factor(16, 16) and batch.factor(16, 1) == batch.factor(16, 16)
-    assert batch.factor(40, 40) == pytest.approx(0.75, rel=0.02)  # far from any: what all ticks taught
-    for _ in range(60):
-        batch.observe([(16, 16), (1, 1)], 5.0)  # with a second forward of one row: 2 s, not 1
-    assert batch.tick([(16, 16), (1, 1)]) == pytest.approx(5.0, rel=0.02)
+    # Sizes no tick ran follow the ones that did (the calibration is off for all alike) ...
+    assert batch.forward(15, 15) < curve.forward(15) and batch.forward(2, 1) < curve.forward(2)
+    # ... and a tick of a known forward and a new one teaches the new one what it took beyond.
+    for _ in range(30):
+        batch.observe([(16, 16), (14, 1)], 3.0 + 6.0)  # a 14-row chain: 6 s where the curve said 3.5
+    assert batch.forward(16, 16) == pytest.approx(3.0, rel=0.1)
+    assert batch.forward(14, 1) == pytest.approx(6.0, rel=0.1)
     before = batch.tick([(16, 16), (1, 1)])
     batch.observe([(16, 16), (300, 1)], 1000.0)  # a prompt's forward: another regime, not learned from
-    assert batch.tick([(16, 16), (1, 1)]) == before and batch.observations == 100
+    assert batch.tick([(16, 16), (1, 1)]) == before and batch.observations == 60
 
 
 class BatchChooses(ToyBackend):

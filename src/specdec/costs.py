@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from specdec.cache import JsonCache
 
 
@@ -266,45 +268,41 @@ class CostModel:
 
 
 class BatchCosts:
-    """Seconds of one forward of a batch of sequences (continuous batching), by its rows and the
-    sequences they belong to, as the batch's ticks meet it: the model's curve at that many rows,
-    times a factor the ticks taught. A forward's factor is the one learned for its rows and
-    sequences; where no tick ran that shape yet, the one learned for its rows (measured here: 16
-    rows of 16 sequences cost within 15% of 16 rows of one), or for the nearest rows a tick ran
-    (a batch that lost a sequence runs 15 rows where it ran 16), else what all ticks taught.
+    """Seconds of one forward of a batch of sequences (continuous batching) by its rows, as the
+    batch's ticks meet it, learned from the ticks themselves and kept with the model's curve.
 
-    A tick that ran in several forwards teaches each of them its share of the surprise (the ratio
-    of its time to what was expected for all of them); updates are clipped averages, as the
-    curve's, so one slow tick (another process on the cores) cannot swing a choice. Ticks holding
-    a forward of more than ``DECODE_ROWS`` rows (prompts) teach nothing: a choice of draft lengths
-    prices decoding forwards, and a long prompt's forward is another regime of the kernels.
+    A tick may run as several forwards (llama.cpp slices unequal rows into forwards of their own),
+    and its time is their sum: each tick is one linear equation in the costs of forwards of 1 ..
+    ``ROWS`` rows, which a Kalman filter solves as the ticks come. It starts from the model's
+    curve, trusted to half its value, both each row count on its own and all of them together (a
+    calibration taken while something else ran is off for every size alike). So a tick that ran
+    one well-known forward and a few new ones teaches the new ones what it took beyond the known
+    one, rather than spreading its surprise over all of them; and as every forward drifts together
+    (the machine's load) the sizes no recent tick ran follow the ones that did. Rows of one
+    sequence and of many are priced alike (measured here: 16 rows of 16 sequences within 15% of
+    16 rows of one); ``sequences`` is kept for a backend whose forwards differ. Past ``ROWS`` rows
+    (prompts), the curve times what the learned sizes say of it overall; such ticks teach nothing.
     """
 
-    WEIGHT = 0.3
-    PRIOR_WEIGHT = 0.1
-    CLIP = 1.5
-    NEAR = 2  # rows: how far a learned factor stands in for an unseen row count
-    DECODE_ROWS = 64
+    ROWS = 64
+    PRIOR = 0.5  # the curve's uncertainty, as a share of each value: each size alone, and all together
+    DRIFT = 0.03  # how far, as a share, a forward's cost may move from one tick to the next (each, all)
+    NOISE = 0.1  # a tick's time is measured to this share (another process on the cores)
 
     def __init__(self, curve: CostModel) -> None:
         self.curve = curve
-        self._shapes: dict[tuple[int, int], Ema] = {}
-        self._rows: dict[int, Ema] = {}
-        self._prior = Ema(1.0, self.PRIOR_WEIGHT, self.CLIP)
+        prior = np.array([curve.forward(n) for n in range(1, self.ROWS + 1)])
+        self._prior = prior
+        self._theta = prior.copy()
+        self._cov = self.PRIOR ** 2 * (np.diag(prior ** 2) + np.outer(prior, prior))
+        self._drift = self.DRIFT ** 2 * (np.diag(prior ** 2) + np.outer(prior, prior))
         self.observations = 0
 
-    def factor(self, rows: int, sequences: int) -> float:
-        """What a forward of ``rows`` rows of ``sequences`` sequences costs over the curve's ``rows``."""
-        ema = self._shapes.get((rows, sequences)) or self._rows.get(rows)
-        if ema is None:
-            near = [n for n in range(rows - self.NEAR, rows + self.NEAR + 1) if n in self._rows]
-            if near:
-                ema = self._rows[min(near, key=lambda n: (abs(n - rows), n))]
-        return self._prior.value if ema is None else ema.value
-
-    def forward(self, rows: int, sequences: int) -> float:
-        """Estimated seconds of one forward of ``rows`` rows from ``sequences`` sequences."""
-        return self.curve.forward(rows) * self.factor(rows, sequences)
+    def forward(self, rows: int, sequences: int = 1) -> float:
+        """Estimated seconds of one forward of ``rows`` rows (from ``sequences`` sequences)."""
+        if 1 <= rows <= self.ROWS:
+            return float(self._theta[rows - 1])
+        return self.curve.forward(rows) * float(self._theta.sum() / self._prior.sum())
 
     def tick(self, forwards: Sequence[tuple[int, int]]) -> float:
         """Estimated seconds of a tick run as these forwards, (rows, sequences) each."""
@@ -312,22 +310,20 @@ class BatchCosts:
 
     def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
         """Learn from one timed tick run as ``forwards``."""
-        if not forwards or max(rows for rows, _ in forwards) > self.DECODE_ROWS:
+        if not forwards or not seconds > 0 or any(not 1 <= rows <= self.ROWS for rows, _ in forwards):
             return
-        expected = self.tick(forwards)
-        plain = sum(self.curve.forward(rows) for rows, _ in forwards)
-        if not (seconds > 0 and expected > 0 and plain > 0):
-            return
+        x = np.zeros(self.ROWS)
+        for rows, _ in forwards:
+            x[rows - 1] += 1
         self.observations += 1
-        surprise = seconds / expected
-        taught = [(key, self.factor(*key)) for key in dict.fromkeys(forwards)]
-        for (rows, sequences), was in taught:
-            for table, key in ((self._shapes, (rows, sequences)), (self._rows, rows)):
-                ema = table.get(key)
-                if ema is None:
-                    ema = table[key] = Ema(was, self.WEIGHT, self.CLIP)
-                ema.add(was * surprise)
-        self._prior.add(seconds / plain)
+        cov_x = self._cov @ x
+        gain = cov_x / (x @ cov_x + (self.NOISE * seconds) ** 2)
+        self._theta += gain * (seconds - x @ self._theta)
+        self._cov -= np.outer(gain, cov_x)
+        self._cov += self._drift
+        # No forward is free, and none costs more than the curve's bound allows (a tick slowed by
+        # something else must not rule drafting out for good).
+        np.clip(self._theta, 0.2 * self._prior, 5.0 * self._prior, out=self._theta)
 
 
 # Every count to 16 (a CPU's curve is not monotone there), then a few long drafts' counts: where a

@@ -30,7 +30,9 @@ ticks) still price their rows at their margin (:meth:`SequenceBackend.forward_co
 from __future__ import annotations
 
 import ctypes
+import json
 import math
+import os
 import threading
 import time
 import weakref
@@ -144,6 +146,9 @@ class SharedSequences:
         self.drafting_ticks = 0  # ticks that verified a draft row
         self.forwards = 0  # the forwards llama.cpp split the ticks into
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
+        # Every tick as a JSON line in this file, where SPECDEC_TICK_TRACE names one (to find out
+        # what a batch did: scripts/tick_traces.py sums such files up).
+        self._trace_file = _trace_file()
 
     # -- sequences --------------------------------------------------------------------------------
     def backend(self) -> SequenceBackend:
@@ -259,7 +264,9 @@ class SharedSequences:
                 chosen.append(sub)
                 room -= need
                 self._pending.remove(sub)
+        offered = [sub.offer.most if sub.offer is not None else None for sub in chosen]
         self._choose(chosen)
+        running, opened = set(self._active), self._opened
         self._ticking = True
         self._cond.release()
         t0 = time.monotonic()
@@ -278,6 +285,8 @@ class SharedSequences:
                 sub.done = True
             self._cond.notify_all()
         self._learn(chosen, seconds)
+        if self._trace_file is not None:
+            self._record(chosen, offered, running, t0, t0 - opened, seconds)
 
     def _choose(self, chosen: list[_Submission]) -> None:
         """Cut the offered drafts to the lengths with the tick's best expected tokens per second."""
@@ -322,6 +331,19 @@ class SharedSequences:
         if self.trace is not None:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
 
+    def _record(self, chosen: list[_Submission], offered: list[int | None], running: set[int], t0: float,
+                gathered: float, seconds: float) -> None:
+        """One tick as a line of the trace file: when, how long it gathered and decoded, the
+        sequences running and those in it (rows each, and the draft rows each offered), the
+        forwards llama.cpp split it into."""
+        seqs, rows = [s.seq for s in chosen], [len(s.tokens) for s in chosen]
+        line = {"context": id(self), "t": round(t0, 4), "gathered_s": round(gathered, 4), "seconds": round(seconds, 4),
+                "running": sorted(running), "seqs": seqs, "rows": rows, "offered": offered,
+                "drafted": [s.drafted for s in chosen],
+                "forwards": forwards(seqs, rows, self.weights.n_ubatch)}
+        self._trace_file.write(json.dumps(line) + "\n")
+        self._trace_file.flush()
+
     def _run(self, chosen: list[_Submission]) -> float:
         """Decode ``chosen`` (in sequence id order: with a KV stream per sequence llama.cpp splits
         a batch wherever its sequence ids are not consecutive, one more forward each time)."""
@@ -354,6 +376,15 @@ class SharedSequences:
             lib().llama_batch_free(self.batch)
             lib().llama_free(self.ctx)
             self.ctx = None
+
+
+TICK_TRACE_ENV = "SPECDEC_TICK_TRACE"
+
+
+def _trace_file():
+    """The file every tick is written to, if ``SPECDEC_TICK_TRACE`` names one (appended to)."""
+    path = os.environ.get(TICK_TRACE_ENV)
+    return open(path, "a", encoding="utf-8") if path else None
 
 
 def _fixed(sub: _Submission) -> Offer:
