@@ -24,19 +24,18 @@ TUNING, HELDOUT = "tuning", "held-out"
 
 # folder -> (what it shows, where the docs cite it)
 FOLDERS: dict[str, tuple[str, str]] = {
-    "qwen-heldout-edit-dip": ("editing: `ngram` against SuffixDecoding's drafter, on the current kernels and "
-                              "draft-length rule",
-                              "README, Benchmarks"),
+    "qwen-heldout-edit-dip": ("editing: `ngram` against SuffixDecoding's drafter (`arctic-suffix`)",
+                              "Benchmarks"),
     "qwen-heldout-repair-dip-rerun": ("an agent's repair loop: `ngram` against SuffixDecoding's drafter",
-                                      "README, Benchmarks"),
+                                      "Benchmarks"),
     "qwen-heldout-2turn-peers-dip": ("two-turn chats: `ngram`, SuffixDecoding and stock llama-server's plain "
                                      "and n-gram types in one run",
-                                     "README, Benchmarks"),
+                                     "Benchmarks"),
     "qwen-spec-bench-dip": ("Spec-Bench, 13 categories x 4 questions, 2 rounds",
-                            "README, Benchmarks"),
+                            "Benchmarks"),
     "qwen-humaneval": ("HumanEval completion: `ngram`, trees, the draft model and every llama-server "
                        "speculation type",
-                       "README, Benchmarks"),
+                       "Benchmarks"),
     "qwen-editing": ("editing: the draft model and llama-server's n-gram types (before the current kernels)",
                      "Benchmarks"),
     "qwen-heldout-repair-peers": ("the repair loop against llama-server's n-gram types (before the current "
