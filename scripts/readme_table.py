@@ -44,6 +44,13 @@ class Workload:
     limit: int
     max_new_tokens: int
     repeats: int = 1
+    # The kept run of this workload from before make results, shown until make results has run it
+    # (the caption says which rows are which).
+    earlier: str | None = None
+
+    def shown(self, root: Path = ROOT) -> str:
+        """The folder the table reads: make results' run, else the earlier one."""
+        return self.folder if (root / self.folder).exists() or self.earlier is None else self.earlier
 
     def command(self) -> list[str]:
         """The ``specdec bench`` command of this row (``make results`` runs it)."""
@@ -55,14 +62,17 @@ class Workload:
 # Sized so that the five runs take under an hour on a 2-core machine, peers included.
 WORKLOADS = (
     Workload("editing", "functions to return with one change", "bench-results/readme-editing",
-             f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400),
+             f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400, earlier="bench-results/qwen-heldout-edit-dip"),
     Workload("agent repair loop", "problems to solve, tests between turns", "bench-results/readme-repair",
-             f"humaneval-repair:{HELDOUT}humaneval-p8-15.jsonl", 8, 256),
+             f"humaneval-repair:{HELDOUT}humaneval-p8-15.jsonl", 8, 256,
+             earlier="bench-results/qwen-heldout-repair-dip-rerun"),
     Workload("two-turn chats", "conversations", "bench-results/readme-2turn",
-             f"spec-bench-2turn:{HELDOUT}spec-bench-2turn-q3q4.jsonl", 1, 256),
+             f"spec-bench-2turn:{HELDOUT}spec-bench-2turn-q3q4.jsonl", 1, 256,
+             earlier="bench-results/qwen-heldout-2turn-peers-dip"),
     Workload("Spec-Bench", "questions, 2 of each of 13 categories", "bench-results/readme-spec-bench",
-             "spec-bench", 2, 256),
-    Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256),
+             "spec-bench", 2, 256, earlier="bench-results/qwen-spec-bench-dip"),
+    Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256,
+             earlier="bench-results/qwen-humaneval"),
 )
 
 
@@ -101,9 +111,12 @@ def table(root: Path = ROOT) -> str:
     lines = ["| workload | prompts | specdec plain | specdec `ngram` | llama-server plain | "
              "llama-server's best n-gram type |",
              "|---|---|---:|---:|---:|---:|"]
-    machines, commits, dates, identical = set(), set(), set(), True
+    machines, commits, dates, identical, earlier = set(), set(), set(), True, []
     for w in WORKLOADS:
-        results = load(root / w.folder)
+        folder = w.shown(root)
+        if folder != w.folder:
+            earlier.append(w.name)
+        results = load(root / folder)
         methods = results["methods"]
         machines.add(results.get("cpu", "?"))
         commits.add(results.get("commit") or "?")
@@ -111,9 +124,10 @@ def table(root: Path = ROOT) -> str:
         identical &= all(m["overall"].get("identical") is not False for n, m in methods.items()
                          if not n.startswith("llama-server-"))
         best = best_peer(methods)
-        count = len(results.get("question_ids") or []) or results.get("limit")
+        count = len(results.get("question_ids") or []) or results.get("limit") or _limit(results)
+        asked = f"{count} {prompts(results)} {w.what}" if folder == w.folder else f"{prompts(results)}, earlier run"
         lines.append(
-            f"| [{w.name}]({w.folder}/results.json) | {count} {prompts(results)} {w.what} | "
+            f"| [{w.name}]({folder}/results.json) | {asked} | "
             f"{_rate(methods['plain'])} | {_with_speedup(methods['ngram'])} | "
             f"{_rate(methods[PEER_PLAIN]) if PEER_PLAIN in methods else 'not in this run'} | "
             f"{f'`{best[len(PEER_PLAIN) - 5:]}` ' + _with_speedup(methods[best]) if best else 'not in this run'} |")
@@ -126,8 +140,16 @@ def table(root: Path = ROOT) -> str:
                   "**some specdec answers differ from plain decoding's** (see the results files). ")
                + "*Held-out* prompts are ones no tuning looked at (`bench-results/heldout-inputs`), *tuning* "
                "prompts the shipped sets the drafter and policy were tuned on. Each workload links its "
-               "`results.json`, its command inside.")
+               "`results.json`, its command inside."
+               + (f" Rows not yet run by `make results` ({', '.join(earlier)}) show that workload's earlier run, "
+                  "without llama-server where it had none." if earlier else ""))
     return caption + "\n\n" + "\n".join(lines) + "\n"
+
+
+def _limit(results: dict) -> str:
+    """How many prompts an earlier run asked for, from its command (``--limit``)."""
+    found = re.search(r"--limit\s+(\d+)", results.get("command", ""))
+    return found.group(1) if found else "some"
 
 
 def written(readme: str) -> str:

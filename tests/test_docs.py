@@ -99,9 +99,9 @@ def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(
     assert readme_table.written(readme) == readme_table.table()
     copy = tmp_path / "checkout"
     for workload in readme_table.WORKLOADS:
-        shutil.copytree(ROOT / workload.folder, copy / workload.folder)
+        shutil.copytree(ROOT / workload.shown(), copy / workload.shown())
     assert readme_table.table(copy) == readme_table.table()
-    first = copy / readme_table.WORKLOADS[0].folder / "results.json"
+    first = copy / readme_table.WORKLOADS[0].shown() / "results.json"
     results = json.loads(first.read_text())
     results["methods"]["ngram"]["overall"]["gen_tokens_per_s"] += 0.1
     first.write_text(json.dumps(results))
