@@ -311,9 +311,16 @@ class BatchCosts:
             return float(self._theta[self._index(rows, sequences)])
         return self.curve.forward(rows) * float(self._theta.sum() / self._prior.sum())
 
-    def tick(self, forwards: Sequence[tuple[int, int]]) -> float:
-        """Estimated seconds of a tick run as these forwards, (rows, sequences) each."""
-        return sum(self.forward(rows, sequences) for rows, sequences in forwards)
+    def tick(self, forwards: Sequence[tuple[int, int]], caution: float = 0.0) -> float:
+        """Estimated seconds of a tick run as these forwards, (rows, sequences) each; with
+        ``caution``, that many standard deviations of the estimate more (a tick of forwards no
+        tick ran yet is priced above what the curve says of them, one of well-known ones at it)."""
+        mean = sum(self.forward(rows, sequences) for rows, sequences in forwards)
+        if not caution:
+            return mean
+        known = [self._index(rows, sequences) for rows, sequences in forwards if 1 <= rows <= self.ROWS]
+        variance = sum(self._cov[i, j] for i in known for j in known)
+        return mean + caution * math.sqrt(max(variance, 0.0))
 
     def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
         """Learn from one timed tick run as ``forwards``."""
