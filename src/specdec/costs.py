@@ -268,53 +268,67 @@ class CostModel:
 
 
 class BatchCosts:
-    """Seconds of one forward of a batch of sequences (continuous batching) by its rows, as the
-    batch's ticks meet it, learned from the ticks themselves and kept with the model's curve.
+    """Seconds of one forward of a batch of sequences (continuous batching) by its rows and
+    whether they are one sequence's or several's, as the batch's ticks meet it: learned from the
+    ticks themselves and kept with the model's curve.
 
-    A tick may run as several forwards (llama.cpp slices unequal rows into forwards of their own),
-    and its time is their sum: each tick is one linear equation in the costs of forwards of 1 ..
-    ``ROWS`` rows, which a Kalman filter solves as the ticks come. It starts from the model's
-    curve, trusted to half its value, both each row count on its own and all of them together (a
-    calibration taken while something else ran is off for every size alike). So a tick that ran
-    one well-known forward and a few new ones teaches the new ones what it took beyond the known
-    one, rather than spreading its surprise over all of them; and as every forward drifts together
-    (the machine's load) the sizes no recent tick ran follow the ones that did. Rows of one
-    sequence and of many are priced alike (measured here: 16 rows of 16 sequences within 15% of
-    16 rows of one); ``sequences`` is kept for a backend whose forwards differ. Past ``ROWS`` rows
+    A tick may run as several forwards (llama.cpp slices unequal rows into forwards of their own:
+    the sequences' first rows together, then a drafting sequence's other rows alone), and its time
+    is their sum: each tick is one linear equation in the costs of forwards of 1 .. ``ROWS`` rows
+    of one sequence and of several, which a Kalman filter solves as the ticks come. It starts from
+    the model's curve for both, trusted to half its value, each size on its own, all sizes together
+    (a calibration taken while something else ran is off for every size alike), and all sizes of
+    one kind together (measured here: 16 rows of one sequence took up to 1.5 times what one row of
+    16 sequences took). So a tick that ran one well-known forward and a few new ones teaches the new
+    ones what it took beyond the known one, rather than spreading its surprise over all of them,
+    and sizes no tick ran yet follow the ones that did, of their kind first. Past ``ROWS`` rows
     (prompts), the curve times what the learned sizes say of it overall; such ticks teach nothing.
     """
 
     ROWS = 64
-    PRIOR = 0.5  # the curve's uncertainty, as a share of each value: each size alone, and all together
-    DRIFT = 0.03  # how far, as a share, a forward's cost may move from one tick to the next (each, all)
+    PRIOR = 0.5  # the curve's uncertainty, as a share of each value: each size alone, all, each kind
+    DRIFT = 0.03  # how far, as a share, a forward's cost may move from one tick to the next (the same)
     NOISE = 0.1  # a tick's time is measured to this share (another process on the cores)
 
     def __init__(self, curve: CostModel) -> None:
         self.curve = curve
-        prior = np.array([curve.forward(n) for n in range(1, self.ROWS + 1)])
+        one = np.array([curve.forward(n) for n in range(1, self.ROWS + 1)])
+        prior = np.concatenate([one, one])  # one sequence's forwards, then several's
+        kinds = [np.concatenate([one, 0 * one]), np.concatenate([0 * one, one])]
+        shape = np.diag(prior ** 2) + np.outer(prior, prior) + sum(np.outer(k, k) for k in kinds)
         self._prior = prior
         self._theta = prior.copy()
-        self._cov = self.PRIOR ** 2 * (np.diag(prior ** 2) + np.outer(prior, prior))
-        self._drift = self.DRIFT ** 2 * (np.diag(prior ** 2) + np.outer(prior, prior))
+        self._cov = self.PRIOR ** 2 * shape
+        self._drift = self.DRIFT ** 2 * shape
         self.observations = 0
 
+    def _index(self, rows: int, sequences: int) -> int:
+        return rows - 1 + (self.ROWS if sequences > 1 else 0)
+
     def forward(self, rows: int, sequences: int = 1) -> float:
-        """Estimated seconds of one forward of ``rows`` rows (from ``sequences`` sequences)."""
+        """Estimated seconds of one forward of ``rows`` rows from ``sequences`` sequences."""
         if 1 <= rows <= self.ROWS:
-            return float(self._theta[rows - 1])
+            return float(self._theta[self._index(rows, sequences)])
         return self.curve.forward(rows) * float(self._theta.sum() / self._prior.sum())
 
-    def tick(self, forwards: Sequence[tuple[int, int]]) -> float:
-        """Estimated seconds of a tick run as these forwards, (rows, sequences) each."""
-        return sum(self.forward(rows, sequences) for rows, sequences in forwards)
+    def tick(self, forwards: Sequence[tuple[int, int]], caution: float = 0.0) -> float:
+        """Estimated seconds of a tick run as these forwards, (rows, sequences) each; with
+        ``caution``, that many standard deviations of the estimate more (a tick of forwards no
+        tick ran yet is priced above what the curve says of them, one of well-known ones at it)."""
+        mean = sum(self.forward(rows, sequences) for rows, sequences in forwards)
+        if not caution:
+            return mean
+        known = [self._index(rows, sequences) for rows, sequences in forwards if 1 <= rows <= self.ROWS]
+        variance = sum(self._cov[i, j] for i in known for j in known)
+        return mean + caution * math.sqrt(max(variance, 0.0))
 
     def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
         """Learn from one timed tick run as ``forwards``."""
         if not forwards or not seconds > 0 or any(not 1 <= rows <= self.ROWS for rows, _ in forwards):
             return
-        x = np.zeros(self.ROWS)
-        for rows, _ in forwards:
-            x[rows - 1] += 1
+        x = np.zeros(2 * self.ROWS)
+        for rows, sequences in forwards:
+            x[self._index(rows, sequences)] += 1
         self.observations += 1
         cov_x = self._cov @ x
         gain = cov_x / (x @ cov_x + (self.NOISE * seconds) ** 2)
