@@ -76,7 +76,7 @@ def goodput(offers: Sequence[Offer], lengths: Sequence[int], cost: TickCost) -> 
     return _rate(tokens, seconds)
 
 
-def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
+def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0) -> list[int]:
     """Each offer's number of draft nodes to verify: the lengths with the best :func:`goodput`,
     searched from nobody drafting by moves, each the one that raises goodput most, until none
     does. A move sets one sequence's length, or sets every sequence that has that many nodes on
@@ -89,11 +89,17 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
     kernel's sweet spot, an equal split of the batch) is found like any other; ``math.inf`` rules
     a combination out. Work: the lengths tried (every one alone; in a batch each up to 16, then a
     coarse grid) times the moves made, one cost call each.
+
+    ``margin``: the lengths found are kept only if their goodput is at least this many times
+    nobody drafting's (else nobody drafts): a batch's cost is an estimate, and a draft that only
+    breaks even lengthens the tick of every sequence in it.
     """
+    if not margin >= 1.0:
+        raise ValueError(f"the margin drafting must beat nobody drafting by is at least 1, got {margin}")
     lengths = [0] * len(offers)
     tokens = sum(o.gains[0] for o in offers)
     spent = sum(o.spent for o in offers)
-    best = _rate(tokens, spent + cost([o.rows for o in offers]))
+    best = plain = _rate(tokens, spent + cost([o.rows for o in offers]))
     longest = max((o.most for o in offers), default=0)
     candidates = [_lengths(o.most, every=len(offers) == 1) for o in offers]
     while True:
@@ -120,7 +126,7 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
                 if rate > best:
                     best, move = rate, level
         if move is None:
-            return lengths
+            return lengths if margin == 1.0 or best >= margin * plain else [0] * len(offers)
         lengths = move
         tokens = sum(o.gains[m] for o, m in zip(offers, lengths))
 
