@@ -9,7 +9,9 @@
 #   --parallel equal to our --slots,
 #   and, when `make peers` / `make vllm` installed them, llama-cpp-python's server and vLLM on CPU.
 # Output: one JSON line per server and level in $OUT; a level where any request failed has no
-# figures (they would compare servers on different requests), only how many failed and why.
+# figures (they would compare servers on different requests), only how many failed and why. With
+# TICKS=DIR, each specdec server also writes every tick of its batch to DIR/<server>.jsonl
+# (SPECDEC_TICK_TRACE; python scripts/tick_traces.py sums them up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-qwen2.5-coder-1.5b}
@@ -44,7 +46,9 @@ load() { $PY scripts/loadtest.py --url "http://127.0.0.1:$1" --clients "$CLIENTS
 run() {  # port label command...
   local port=$1 label=$2; shift 2
   case ",$SERVERS," in *",$label,"*) ;; *) return 0;; esac
-  "$@" > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
+  local trace=""
+  [ -n "${TICKS:-}" ] && mkdir -p "$TICKS" && trace="$TICKS/$label.jsonl" && : > "$trace"
+  SPECDEC_TICK_TRACE="$trace" "$@" > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
   load "$port" "$label" || echo "$label: no load test (see above; the server's log: /tmp/loadtest-$label.log)" >&2
   kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 2
 }

@@ -75,6 +75,21 @@ def test_sequences_that_draft_alike_share_a_forward_that_none_pays_alone():
     assert goodput(offers, [1, 1, 1, 1], cost) == pytest.approx(7.6 / 1.8)
 
 
+def test_drafts_that_only_break_even_in_a_batch_are_left_out_with_a_margin():
+    # 8 sequences; one offers 2 tokens at 0.9, 0.81 (1.71 expected); plain: 8 tokens in 1 s.
+    # Drafting both: 9.71 tokens in 1 + 0.3 + 2 x 0.05 = 1.4 s, 6.94 a second; one: 8.9 in 1.35 s;
+    # so not at all. With a forward of 0.1 s: 9.71 / 1.2 = 8.09 a second, 1.011 times plain (one
+    # token: 8.9 / 1.15 = 7.74): taken without a margin, left out with one of 1.1; with a forward
+    # of 0.01 s and rows of 0.01 s, 9.71 / 1.03 = 9.43 a second, 1.18 times plain: taken.
+    offers = [Offer.of([0.9, 0.81])] + [Offer()] * 7
+    assert choose_lengths(offers, per_draft(1.0, 0.3, 0.05)) == [0] * 8
+    assert choose_lengths(offers, per_draft(1.0, 0.1, 0.05)) == [2] + [0] * 7
+    assert choose_lengths(offers, per_draft(1.0, 0.1, 0.05), margin=1.1) == [0] * 8
+    assert choose_lengths(offers, per_draft(1.0, 0.01, 0.01), margin=1.1) == [2] + [0] * 7
+    with pytest.raises(ValueError, match="margin"):
+        choose_lengths(offers, per_draft(1.0, 0.1, 0.05), margin=0.5)
+
+
 def test_a_cost_that_rules_rows_out_is_never_chosen_and_fixed_rows_count_in_the_tick():
     offers = [Offer.of([0.99] * 6), Offer((0.0,), rows=30)]  # a prompt chunk of 30 rows beside a draft
     cost = lambda rows: math.inf if sum(rows) > 34 else 1.0 + 0.01 * sum(rows)  # noqa: E731

@@ -276,12 +276,13 @@ class BatchCosts:
     the sequences' first rows together, then a drafting sequence's other rows alone), and its time
     is their sum: each tick is one linear equation in the costs of forwards of 1 .. ``ROWS`` rows
     of one sequence and of several, which a Kalman filter solves as the ticks come. It starts from
-    the model's curve for both, trusted to half its value, each size on its own, all sizes together
-    (a calibration taken while something else ran is off for every size alike), and all sizes of
-    one kind together (measured here: 16 rows of one sequence took up to 1.5 times what one row of
-    16 sequences took). So a tick that ran one well-known forward and a few new ones teaches the new
-    ones what it took beyond the known one, rather than spreading its surprise over all of them,
-    and sizes no tick ran yet follow the ones that did, of their kind first. Past ``ROWS`` rows
+    the model's curve for both, trusted to half its value, neighbouring sizes of a kind together,
+    all sizes together (a calibration taken while something else ran is off for every size alike),
+    and all sizes of one kind together (measured here: 16 rows of one sequence took up to 1.5 times
+    what one row of 16 sequences took, and chains of 40-50 rows beside 3 sequences 2-3 times what
+    the calibration said). So a tick that ran one well-known forward and a few new ones teaches
+    the new ones what it took beyond the known one, rather than spreading its surprise over all of
+    them, and sizes no tick ran yet follow the ones that did, the nearest of their kind first. Past ``ROWS`` rows
     (prompts), the curve times what the learned sizes say of it overall; such ticks teach nothing.
     """
 
@@ -289,13 +290,21 @@ class BatchCosts:
     PRIOR = 0.5  # the curve's uncertainty, as a share of each value: each size alone, all, each kind
     DRIFT = 0.03  # how far, as a share, a forward's cost may move from one tick to the next (the same)
     NOISE = 0.1  # a tick's time is measured to this share (another process on the cores)
+    NEAR = 3.0  # rows over which the costs of sizes of one kind go together
 
     def __init__(self, curve: CostModel) -> None:
         self.curve = curve
         one = np.array([curve.forward(n) for n in range(1, self.ROWS + 1)])
         prior = np.concatenate([one, one])  # one sequence's forwards, then several's
         kinds = [np.concatenate([one, 0 * one]), np.concatenate([0 * one, one])]
-        shape = np.diag(prior ** 2) + np.outer(prior, prior) + sum(np.outer(k, k) for k in kinds)
+        # Neighbouring sizes of a kind cost alike (a forward of 47 rows about what one of 49 took):
+        # a smooth part over the rows, beside a little of each size alone.
+        rows = np.arange(self.ROWS)
+        near = np.exp(-((rows[:, None] - rows[None, :]) / self.NEAR) ** 2 / 2)
+        smooth = np.zeros((2 * self.ROWS, 2 * self.ROWS))
+        smooth[:self.ROWS, :self.ROWS] = smooth[self.ROWS:, self.ROWS:] = near
+        shape = (np.outer(prior, prior) * (smooth + 0.1 * np.eye(2 * self.ROWS)) + np.outer(prior, prior)
+                 + sum(np.outer(k, k) for k in kinds))
         self._prior = prior
         self._theta = prior.copy()
         self._cov = self.PRIOR ** 2 * shape

@@ -76,7 +76,7 @@ def goodput(offers: Sequence[Offer], lengths: Sequence[int], cost: TickCost) -> 
     return _rate(tokens, seconds)
 
 
-def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
+def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0) -> list[int]:
     """Each offer's number of draft nodes to verify: the lengths with the best :func:`goodput`,
     searched from nobody drafting by moves, each the one that raises goodput most, until none
     does. A move sets one sequence's length, or sets every sequence that has that many nodes on
@@ -87,21 +87,28 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
     With one offer that is the best length outright, the shortest of equals, as the single-stream
     policy picks it. A cost need not be smooth: a length whose rows make the tick cheaper (a
     kernel's sweet spot, an equal split of the batch) is found like any other; ``math.inf`` rules
-    a combination out. Work: the nodes on offer (and the longest offer) times the moves made, one
-    cost call each.
+    a combination out. Work: the lengths tried (every one alone; in a batch each up to 16, then a
+    coarse grid) times the moves made, one cost call each.
+
+    ``margin``: the lengths found are kept only if their goodput is at least this many times
+    nobody drafting's (else nobody drafts): a batch's cost is an estimate, and a draft that only
+    breaks even lengthens the tick of every sequence in it.
     """
+    if not margin >= 1.0:
+        raise ValueError(f"the margin drafting must beat nobody drafting by is at least 1, got {margin}")
     lengths = [0] * len(offers)
     tokens = sum(o.gains[0] for o in offers)
     spent = sum(o.spent for o in offers)
-    best = _rate(tokens, spent + cost([o.rows for o in offers]))
+    best = plain = _rate(tokens, spent + cost([o.rows for o in offers]))
     longest = max((o.most for o in offers), default=0)
+    candidates = [_lengths(o.most, every=len(offers) == 1) for o in offers]
     while True:
         move: list[int] | None = None
         rows = [o.rows + n for o, n in zip(offers, lengths)]
         for s, offer in enumerate(offers):
             now, held = lengths[s], rows[s]
             others = tokens - offer.gains[now]
-            for n in range(offer.most + 1):
+            for n in candidates[s]:
                 if n == now:
                     continue
                 rows[s] = offer.rows + n
@@ -110,7 +117,7 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
                     best, move = rate, lengths[:s] + [n] + lengths[s + 1:]
             rows[s] = held
         if len(offers) > 1:
-            for n in range(1, longest + 1):
+            for n in _lengths(longest, every=False)[1:]:
                 level = [n if o.most >= n else now for o, now in zip(offers, lengths)]
                 if level == lengths:
                     continue
@@ -119,9 +126,22 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost) -> list[int]:
                 if rate > best:
                     best, move = rate, level
         if move is None:
-            return lengths
+            return lengths if margin == 1.0 or best >= margin * plain else [0] * len(offers)
         lengths = move
         tokens = sum(o.gains[m] for o, m in zip(offers, lengths))
+
+
+EVERY_UP_TO = 16  # in a batch, lengths past this are tried on a coarser grid (and the whole offer)
+COARSE = (24, 32, 48, 64, 96, 128)
+
+
+def _lengths(most: int, every: bool) -> list[int]:
+    """The lengths a search tries for an offer of ``most`` nodes: all of them for a sequence alone
+    (its choice must be the best outright); in a batch each up to ``EVERY_UP_TO``, then a coarse
+    grid and ``most`` itself (a cost curve is measured at those sizes and interpolated between)."""
+    if every or most <= EVERY_UP_TO:
+        return list(range(most + 1))
+    return list(range(EVERY_UP_TO + 1)) + [n for n in COARSE if EVERY_UP_TO < n < most] + [most]
 
 
 def _rate(tokens: float, seconds: float) -> float:
