@@ -13,7 +13,6 @@ call); "engine" is what is left of the step. ``--peer`` also times llama-cpp-pyt
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -123,12 +122,13 @@ def peer(args, model, ids) -> None:
     import llama_cpp._internals as internals
     from llama_cpp import Llama
 
+    from specdec.cpu import usable_cpus
     from specdec.models import resolve
 
     from specdec.backends.llamacpp import EXACT
 
     settings = dict(flash_attn=True, type_k=EXACT.type_k, type_v=EXACT.type_v) if args.peer_exact else {}
-    llm = Llama(model_path=str(resolve(args.model, need_hf=False).gguf), n_ctx=4096, n_threads=os.cpu_count(),
+    llm = Llama(model_path=str(resolve(args.model, need_hf=False).gguf), n_ctx=4096, n_threads=usable_cpus(),
                 verbose=False, **settings)
     eos = set(model.eos_token_ids)
     timers = Timers()

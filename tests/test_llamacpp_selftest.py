@@ -26,6 +26,7 @@ pytest.importorskip("llama_cpp")
 from specdec.backends import llamacpp_kernels as kernels  # noqa: E402
 from specdec.backends import llamacpp_lib  # noqa: E402
 from specdec.backends.llamacpp_kernels import REPACKED_ROWS, SELFTEST_ROWS, RowLimit, exact_rows  # noqa: E402
+from specdec.cpu import usable_cpus  # noqa: E402
 from specdec.backends.llamacpp_lib import SelfTest, has_selftest, kernel_selftest, lib  # noqa: E402
 
 patched = pytest.mark.skipif(not has_selftest(), reason="this llama.cpp is the stock library "
@@ -87,7 +88,7 @@ UNRUN = "KLEIDIAI" if has_amx() else "AMX"
 @patched
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_every_row_of_a_multirow_product_has_the_one_row_bits(name):
-    result = kernel_selftest(SHIPPED[name], SELFTEST_ROWS, os.cpu_count() or 1)
+    result = kernel_selftest(SHIPPED[name], SELFTEST_ROWS, usable_cpus())
     assert result is not None, f"the self-test could not run {name}"
     assert result.complete, f"{name}: no kernel ran in {result.untested or 'any buffer type'}"
     assert result.differing == 0, (f"{name} on {instruction_set()}: {result.differing} outputs differ "

@@ -7,6 +7,7 @@ numbers are never used on another.
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 from pathlib import Path
@@ -51,6 +52,16 @@ def simd_level() -> str:
     if "avx512f" in flags:
         return "avx512"
     return next((f for f in ("avx2", "avx") if f in flags), "none")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset, a test
+    worker pinned to its own cores), not every CPU the machine has. A forward split over more threads
+    than that leaves them spinning in turn on the same cores, several times slower."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def machine_tag() -> str:

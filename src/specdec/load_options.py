@@ -58,7 +58,7 @@ class LoadOptions:
                                         "--no-graphs runs eager PyTorch; on a CPU the static cache without capture)")
     device: str = declare("cpu", "where the model runs: cpu, cuda, cuda:N (a GPU, on the transformers backend) or "
                                  "auto (the first GPU if there is one)", _device_form, metavar="DEVICE")
-    threads: int | None = declare(None, "CPU threads a forward uses (default: every core)", at_least(1), metavar="N")
+    threads: int | None = declare(None, "CPU threads a forward uses (default: every core it may use)", at_least(1), metavar="N")
     context: int | None = declare(None, "KV cache tokens per sequence, prompt and answer (default: the model's "
                                         "training context, at most 8192 on llama.cpp)", at_least(16), metavar="N")
 

@@ -16,6 +16,7 @@ import sys
 from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params, exact_rows
 from specdec.backends.llamacpp_lib import REPACK_BUFFER, lib, log_captured
 from specdec.backends.llamacpp_prompt import GEMM_ROWS, PromptCache, PromptRunner
+from specdec.cpu import usable_cpus
 from specdec.errors import SpecdecError
 
 MAX_CONTEXT = 8192  # KV memory per context grows with it; the models train on 8192 (SmolLM2) or more
@@ -40,7 +41,7 @@ class LlamaCppWeights:
         self.path = path
         self.n_ctx = n_ctx or min(llama_cpp.llama_model_n_ctx_train(self.model), MAX_CONTEXT)
         self.n_batch = n_batch
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or usable_cpus()
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         # Rows per micro-batch of a decoding context: with exact kernels, as many as the library's
         # kernels keep batch-invariant for this model's weight types (see llamacpp_kernels).

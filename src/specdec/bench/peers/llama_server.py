@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.bench.base import Method, PeerContext, RunResult, peer
+from specdec.cpu import usable_cpus
 from specdec.errors import SpecdecError
 from specdec.models import ALIASES, default_draft_model, resolve
 from specdec.options import GenerationOptions
@@ -212,7 +213,7 @@ class LlamaServer:
     def __init__(self, model_gguf: Path, extra_args: list[str] | None = None, threads: int | None = None,
                  ctx: int = 4096) -> None:
         self.cmd = [str(binary("llama-server")), "--model", str(model_gguf), "--host", "127.0.0.1",
-                    "-c", str(ctx), "-t", str(threads or os.cpu_count() or 1), "--parallel", "1",
+                    "-c", str(ctx), "-t", str(threads or usable_cpus()), "--parallel", "1",
                     # Every request is cold (cache_prompt false), so saving each finished slot to
                     # the host-memory prompt cache would only cost time between questions.
                     "--cache-ram", "0", *(extra_args or [])]

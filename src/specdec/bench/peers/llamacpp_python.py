@@ -5,11 +5,11 @@ prompt's too)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 from specdec.bench.base import Method, PeerContext, RunResult, no_more, peer, positive
+from specdec.cpu import usable_cpus
 from specdec.errors import SpecdecError
 from specdec.models import resolve
 from specdec.options import GenerationOptions
@@ -61,7 +61,7 @@ def _build(context: PeerContext, spec: str, settings: dict) -> Method:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     kwargs = dict(model_path=str(resolve(context.model_name, need_hf=False).gguf), n_ctx=4096,
-                  n_threads=os.cpu_count(), verbose=False)
+                  n_threads=usable_cpus(), verbose=False)
     if settings["exact"]:
         from specdec.backends.llamacpp_kernels import EXACT
 
