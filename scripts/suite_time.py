@@ -1,8 +1,8 @@
 """Where the test suite's time goes, from its own log, and whether `make test` kept its budget.
 
 Every pytest run writes its timing log (``tests/conftest.py``: each test's setup, call and teardown
-seconds, the session's wall time, and under ``make test`` when make started, so setup counts too)
-to ``.build/test-times.json``. This script reads it:
+seconds, the session's wall time, the pytest-xdist workers that shared the tests, and under ``make
+test`` when make started, so setup counts too) to ``.build/test-times.json``. This script reads it:
 
     python scripts/suite_time.py report                 # setup, collection, the slowest files, tests and fixtures
     python scripts/suite_time.py check --budget 900     # exit 1 when a full `make test` took longer (make test runs this)
@@ -71,7 +71,12 @@ def report(log: dict, n: int = 15) -> str:
         lines.append(f"make test: {_clock(total_s(log))} (setup {_clock(setup_s(log))}, suite {_clock(log['wall_s'])})")
     else:
         lines.append(f"suite: {_clock(log['wall_s'])}")
-    lines.append(f"  collection and session overhead {log['wall_s'] - tests_s:.0f} s, tests {tests_s:.0f} s")
+    workers = log.get("workers", 1)
+    if workers > 1:  # pytest-xdist: the tests' seconds add up over the workers
+        lines.append(f"  tests {tests_s:.0f} s on {workers} workers: {tests_s / max(log['wall_s'], 1e-9):.2f} "
+                     f"of them busy on average")
+    else:
+        lines.append(f"  collection and session overhead {log['wall_s'] - tests_s:.0f} s, tests {tests_s:.0f} s")
     lines.append(f"the {n} slowest files:")
     lines += [f"  {s:7.1f} s  {name}" for name, s in list(by_file(log).items())[:n]]
     lines.append(f"the {n} slowest fixture setups (a model loaded for the tests after it):")
@@ -100,7 +105,7 @@ def record(log: dict, out: Path) -> dict:
         "what": "make test from a fresh clone with empty caches (pip, specdec's models, matplotlib)",
         "machine": log.get("machine"), "commit": log.get("commit"), "date": log.get("date"),
         "total_s": round(total_s(log), 1), "setup_s": round(setup_s(log), 1), "suite_s": round(log["wall_s"], 1),
-        "budget_s": BUDGET_S, "tests": len(log["tests"]), "outcomes": log["outcomes"],
+        "budget_s": BUDGET_S, "workers": log.get("workers", 1), "tests": len(log["tests"]), "outcomes": log["outcomes"],
         "files_s": {name: round(s, 1) for name, s in files.items()},
         "slowest_tests_s": {name: round(s, 1) for name, s in slowest(log)},
         "slowest_setups_s": {name: round(s, 1) for name, s in slowest(log, "setup", 10)},

@@ -29,6 +29,34 @@ from specdec.types import Draft
 # whichever test loads a GGUF first (specdec sets it itself when the first load is exact).
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs ``pytest -n <cores>``) each worker runs on its own share
+    of the CPUs this run may use, and its forwards take that many threads: specdec's llama.cpp
+    backend defaults to the CPUs its process may use (:func:`specdec.cpu.usable_cpus`), and torch is
+    told here (its thread pool was sized when it was imported). Without it every worker's llama.cpp
+    forward would spin a thread per core of the machine, two workers' threads taking turns on each
+    core. What a test asserts does not depend on it: exact kernels give every row the same bits on any
+    number of threads, and every comparison is made within one process. Subprocesses inherit the
+    worker's CPUs."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker.startswith("gw") or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    index, count = int(worker[2:]), int(count)
+    cpus = sorted(os.sched_getaffinity(0))
+    if count >= len(cpus):
+        mine = {cpus[index % len(cpus)]}
+    else:  # an even share each, the first workers taking the remainder
+        mine = set(cpus[index * len(cpus) // count:(index + 1) * len(cpus) // count])
+    # Every thread the worker already has (execnet's), and through inheritance every later one.
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), mine)
+    torch.set_num_threads(len(mine))
+
+
+_pin_xdist_worker()
+
 def spec_bench_prompts(categories: Sequence[str] = ("summarization", "writing")) -> dict[str, str]:
     """The first prompt of each category of the Spec-Bench set shipped with specdec, cut to 1500
     characters to keep prefills short."""
@@ -61,7 +89,7 @@ class ScriptDrafter(Drafter):
 @pytest.fixture(autouse=True)
 def _toy_models_on_one_torch_thread(request):
     """Toy and tiny models run their torch ops on one thread; real models (marked ``real`` or
-    ``gpu``) keep the machine's threads. A tiny op split over threads costs far more than it computes:
+    ``gpu``) keep the machine's threads (a parallel run's worker: its own CPUs'). A tiny op split over threads costs far more than it computes:
     on a 2-vCPU virtual machine waking the second thread takes milliseconds, so a softmax over 3 rows
     of 4 took 8 ms with two threads against 3 us with one, and the statistical tests of sampling,
     thousands of tiny decodes each, ran minutes instead of seconds. What a test asserts does not
@@ -120,13 +148,39 @@ def pytest_runtest_logreport(report):
         _OUTCOMES[report.nodeid] = "skipped" if report.skipped else report.outcome
 
 
+# Under pytest-xdist the workers collect and run the tests and the controller writes the log: its
+# reports are the workers' (pytest_runtest_logreport above), and each worker says, as it finishes,
+# how many tests it collected and deselected (every worker collects the whole suite).
+_WORKERS: dict[str, dict[str, int]] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    counts = getattr(node, "workeroutput", {}).get("specdec_collection")
+    if counts:
+        _WORKERS[node.gateway.id] = counts
+
+
 def _full_run(session) -> bool:
     """The whole suite ran: the configured test paths, no -k or -m, nothing deselected, every
-    collected test reported (no -x stop, no interruption)."""
+    collected test reported (no -x stop, no interruption, no worker lost)."""
     config = session.config
     from_testpaths = getattr(config, "args_source", None) == pytest.Config.ArgsSource.TESTPATHS
+    if _WORKERS:  # a parallel run: what every worker collected and deselected
+        collected = {w["collected"] for w in _WORKERS.values()}
+        deselected = max(w["deselected"] for w in _WORKERS.values())
+        same = len(collected) == 1 and len(_WORKERS) == _parallel_workers(config)
+        collected_n = collected.pop() if same else -1
+    else:
+        deselected, collected_n = _SESSION["deselected"], session.testscollected
     return (from_testpaths and not config.option.keyword and not config.option.markexpr
-            and not _SESSION["deselected"] and session.testscollected == len(_TIMES) and not session.shouldstop)
+            and not deselected and collected_n == len(_TIMES) and not session.shouldstop)
+
+
+def _parallel_workers(config) -> int:
+    """The workers of a pytest-xdist run (``-n``), 1 for a run in one process."""
+    parallel = getattr(config.option, "dist", "no") != "no" and getattr(config.option, "tx", None)
+    return len(config.option.tx) if parallel else 1
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -135,6 +189,10 @@ def pytest_sessionfinish(session, exitstatus):
 
     from specdec.cpu import machine_tag
 
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes the log
+        session.config.workeroutput["specdec_collection"] = {"collected": session.testscollected,
+                                                             "deselected": int(_SESSION["deselected"])}
+        return
     root = Path(__file__).resolve().parent.parent
     finished = time.time()
     try:
@@ -145,7 +203,7 @@ def pytest_sessionfinish(session, exitstatus):
     make_start = os.environ.get("SPECDEC_MAKE_START")
     outcomes = {k: sum(1 for v in _OUTCOMES.values() if v == k) for k in ("passed", "failed", "skipped")}
     log = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(finished)), "commit": commit,
-           "machine": machine_tag(), "full_run": _full_run(session),
+           "machine": machine_tag(), "full_run": _full_run(session), "workers": _parallel_workers(session.config),
            "exitstatus": int(exitstatus), "make_start": float(make_start) if make_start else None,
            "started": _SESSION.get("started", finished), "finished": finished,
            "wall_s": finished - float(_SESSION.get("started", finished)), "outcomes": outcomes, "tests": _TIMES}

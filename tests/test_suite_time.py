@@ -41,6 +41,12 @@ def test_the_report_says_where_the_time_went():
     assert "30.0 s  tests/test_a.py::test_0" in text  # a slow fixture named by the test that paid for it
 
 
+def test_a_parallel_run_reports_its_workers():
+    log = {**_log(setup_s=300, suite_s=400), "workers": 2}
+    log["tests"] = {k: {**t, "call": 15.0} for k, t in log["tests"].items()}  # 40 x 15 s + 60 s of setups
+    assert "tests 660 s on 2 workers: 1.65 of them busy on average" in suite_time.report(log)
+
+
 def test_check_exits_nonzero_over_budget(tmp_path, capsys):
     path = tmp_path / "times.json"
     path.write_text(json.dumps(_log(300, 700)))
@@ -60,5 +66,6 @@ def test_the_recorded_fresh_clone_make_test_kept_its_budget():
     assert recorded["total_s"] <= recorded["budget_s"] == suite_time.BUDGET_S
     assert recorded["outcomes"]["failed"] == 0 and recorded["outcomes"]["passed"] > 700
     assert recorded["machine"].endswith("-2t")
-    assert sum(recorded["files_s"].values()) <= recorded["suite_s"]
+    # the tests' seconds fit in the suite's wall time on its workers (pytest-xdist: make test's -n)
+    assert sum(recorded["files_s"].values()) <= recorded["suite_s"] * recorded.get("workers", 1)
 
