@@ -57,6 +57,26 @@ def _pin_xdist_worker() -> None:
 
 _pin_xdist_worker()
 
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under pytest-xdist, the modules that load real models (the ``real`` and ``gpu`` tests, most of
+    the suite's time) run first, the most such tests first, each module's tests together and in their
+    order: the quick tests at the end even out the workers' finish (pytest-xdist hands tests out in
+    this order, each worker taking the others' last ones once it has none), where a model test of a
+    minute left for last would keep one worker busy while the other idles. Every worker collects the
+    same order. A run in one process keeps the files' order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def real(module_items) -> int:
+        return sum(1 for i in module_items if i.get_closest_marker("real") or i.get_closest_marker("gpu"))
+
+    ordered = sorted(modules.values(), key=lambda module_items: -real(module_items))  # stable: ties keep their order
+    items[:] = [item for module_items in ordered for item in module_items]
+
 def spec_bench_prompts(categories: Sequence[str] = ("summarization", "writing")) -> dict[str, str]:
     """The first prompt of each category of the Spec-Bench set shipped with specdec, cut to 1500
     characters to keep prefills short."""
@@ -401,6 +421,24 @@ def shared_model():
         if (name, backend) not in loaded:
             loaded[name, backend] = specdec.load(name, backend=backend)
         return loaded[name, backend]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def plain_decoding():
+    """Plain decoding's answer, ``plain_decoding(model, prompt, **options)``, computed once a session
+    for each model, prompt and options: the reference several tests (and parametrizations) compare
+    speculation with, on real models where one generation takes seconds. Plain decoding's tokens
+    depend only on those (what earlier generations left behind changes their speed, never their
+    tokens: ``shared_model``); the result is shared, not to be changed."""
+    answers: dict = {}
+
+    def get(model, prompt, **options):
+        key = (id(model), prompt if isinstance(prompt, str) else tuple(prompt), tuple(sorted(options.items())))
+        if key not in answers:
+            answers[key] = (model, model.generate(prompt, drafter="none", **options))  # model: keeps its id taken
+        return answers[key][1]
 
     return get
 
