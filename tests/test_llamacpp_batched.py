@@ -43,6 +43,13 @@ def alone():
 
 
 @pytest.fixture(scope="module")
+def alone_answers(alone):
+    """Each prompt's answer of 24 tokens generated alone, greedy and plain: what the servers' tests
+    expect of every request (computed once for all of them)."""
+    return {p: alone.generate(p, chat=True, max_new_tokens=24, drafter="none").text for p in PROMPTS}
+
+
+@pytest.fixture(scope="module")
 def batched():
     model = specdec.load(MODEL, backend="llamacpp")
     model.loaded.enable_batching(8)
@@ -102,12 +109,12 @@ def served():
         yield url, model
 
 
-def test_the_server_answers_concurrent_requests_as_it_answers_each_alone(alone, served):
+def test_the_server_answers_concurrent_requests_as_it_answers_each_alone(alone_answers, served):
     url, model = served
     bodies = [{"model": model.name, "messages": [{"role": "user", "content": PROMPTS[i % 8]}],
                "max_tokens": 24, "temperature": 0, "drafter": ["ngram", "none", "recycle"][i % 3]}
               for i in range(16)]
-    expected = {p: alone.generate(p, chat=True, max_new_tokens=24, drafter="none").text for p in PROMPTS}
+    expected = alone_answers
     report = asyncio.run(run_load(url, bodies, clients=8, time_limit=240, path="/v1/chat/completions", stream=True))
     assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
     for i, body in enumerate(bodies):
@@ -115,9 +122,9 @@ def test_the_server_answers_concurrent_requests_as_it_answers_each_alone(alone, 
     assert httpx.get(url + "/health").status_code == 200
 
 
-def test_a_client_that_leaves_frees_its_sequence_and_the_others_go_on(alone, served):
+def test_a_client_that_leaves_frees_its_sequence_and_the_others_go_on(alone_answers, served):
     url, model = served
-    expected = alone.generate(PROMPTS[1], chat=True, max_new_tokens=24, drafter="none").text
+    expected = alone_answers[PROMPTS[1]]
     result: dict = {}
 
     def other() -> None:
@@ -199,14 +206,14 @@ def served_pair():
         yield url, model, draft
 
 
-def test_drafting_requests_share_draft_model_forwards_and_answer_as_alone(alone, served_pair):
+def test_drafting_requests_share_draft_model_forwards_and_answer_as_alone(alone_answers, served_pair):
     url, model, draft = served_pair
     # A fixed draft length: a draft model as slow as its target would never pay, and the adaptive
     # policy would not run it.
     bodies = [{"model": model.name, "messages": [{"role": "user", "content": PROMPTS[i % 8]}],
                "max_tokens": 24, "temperature": 0, "drafter": "model" if i % 4 else "none", "policy": "fixed",
                "num_draft": 3, "lookup": False} for i in range(16)]
-    expected = {p: alone.generate(p, chat=True, max_new_tokens=24, drafter="none").text for p in PROMPTS}
+    expected = alone_answers
     report = asyncio.run(run_load(url, bodies, clients=8, time_limit=240, path="/v1/chat/completions", stream=True))
     assert report.failures == 0, [r.error for r in report.results if r.status != 200][:3]
     for i, body in enumerate(bodies):
@@ -215,7 +222,7 @@ def test_drafting_requests_share_draft_model_forwards_and_answer_as_alone(alone,
     assert len(shared) > 0.3 * len(draft.loaded.batched.trace), "drafts were not batched across requests"
 
 
-def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, served_pair):
+def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone_answers, served_pair):
     url, model, draft = served_pair
     body = {"model": model.name, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 200,
             "temperature": 0, "stream": True, "drafter": "model", "policy": "fixed", "num_draft": 3,
@@ -229,7 +236,7 @@ def test_a_drafting_client_that_leaves_frees_its_rows_in_both_batches(alone, ser
         assert time.time() < deadline, (f"the abandoned generation kept its rows in a batch: target "
                                         f"{model.loaded.batched._active}, draft {draft.loaded.batched._active}")
         time.sleep(0.05)
-    expected = alone.generate(PROMPTS[1], chat=True, max_new_tokens=24, drafter="none").text
+    expected = alone_answers[PROMPTS[1]]
     body = {**body, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 24, "stream": False}
     assert httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()[
         "choices"][0]["message"]["content"] == expected

@@ -156,10 +156,10 @@ SPECULATIVE = [dict(drafter="ngram", policy="fixed", num_draft=4),
                dict(drafter="ngram", policy="fixed", num_draft=8)]
 
 
-def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
+def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids, plain_decoding):
     accepted = dict.fromkeys(range(len(SPECULATIVE)), 0)
     for ids in prompt_ids:
-        plain = model.generate(ids, drafter="none", max_new_tokens=32)
+        plain = plain_decoding(model, ids, max_new_tokens=32)
         for i, kwargs in enumerate(SPECULATIVE):
             spec = model.generate(ids, max_new_tokens=32, **kwargs)
             assert spec.token_ids == plain.token_ids, kwargs
@@ -172,9 +172,9 @@ def test_greedy_speculation_gives_plain_decodings_tokens(model, prompt_ids):
     assert all(accepted.values()), {str(SPECULATIVE[i]): n for i, n in accepted.items()}
 
 
-def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
+def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids, plain_decoding):
     kwargs = dict(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11)
-    plain = model.generate(prompt_ids[0], drafter="none", **kwargs)
+    plain = plain_decoding(model, prompt_ids[0], **kwargs)
     for spec_kwargs in SPECULATIVE[:3]:
         spec = model.generate(prompt_ids[0], **spec_kwargs, **kwargs)
         assert spec.token_ids == plain.token_ids, spec_kwargs
@@ -183,7 +183,7 @@ def test_a_seed_gives_plain_decodings_tokens(model, prompt_ids):
         assert spec.stats.drafted > 0, f"{spec_kwargs}: no draft verified"
 
 
-def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
+def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids, plain_decoding):
     """A draft model with the target's own weights and exact kernels proposes exactly the target's
     tokens: everything drafted is accepted (with fast kernels a near-tie could reject one). The
     drafter fills its prompt as the target does (Gemma's prompts run on repacked weights): filled
@@ -192,7 +192,7 @@ def test_the_target_drafting_for_itself_accepts_every_token(model, prompt_ids):
     for ids in prompt_ids[::2]:  # one answer that copies its prompt, one open-ended
         out = model.generate(ids, drafter="model", draft_model=drafter, lookup=False, policy="fixed", num_draft=3,
                              max_new_tokens=24)
-        plain = model.generate(ids, drafter="none", max_new_tokens=24)
+        plain = plain_decoding(model, ids, max_new_tokens=24)
         assert out.token_ids == plain.token_ids
         assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted
 
@@ -211,12 +211,12 @@ def headline(shared_model):
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
-def test_the_headline_model_speculates_exactly_on_an_edit(headline, drafter):
+def test_the_headline_model_speculates_exactly_on_an_edit(headline, drafter, plain_decoding):
     """Asked to return a function with one change, most of the answer a copy of the prompt: the
     n-gram index's drafts and the 0.5B's give the 1.5B's plain greedy tokens, drafts accepted."""
     target, draft = headline
     ids = target.encode(EDIT_PROMPT.read_text(), chat=True)
-    plain = target.generate(ids, drafter="none", max_new_tokens=40)
+    plain = plain_decoding(target, ids, max_new_tokens=40)  # the same for both drafters: computed once
     # A fixed draft length, so that every step verifies a draft whatever this CPU's costs; no
     # lookup in the draft model's context, so that its drafts are the 0.5B's own.
     extra = dict(draft_model=draft, lookup=False) if drafter == "model" else {}

@@ -75,7 +75,7 @@ def test_a_seed_gives_the_same_tokens_with_any_drafter(hf, smollm2_bf16):
 
 
 @pytest.mark.parametrize("drafter", ["self", "combined"])
-def test_the_target_drafting_for_itself_is_exact(hf, drafter, monkeypatch):
+def test_the_target_drafting_for_itself_is_exact(hf, drafter, monkeypatch, plain_decoding):
     """Self-speculation through the target's own layers and a small head: greedy and seeded
     sampling give plain decoding's tokens, with drafts accepted, and on Gemma the drafter drafts
     of its own accord, mostly accepted (Gemma's 262k-row head is half its forward, so drafting
@@ -85,7 +85,7 @@ def test_the_target_drafting_for_itself_is_exact(hf, drafter, monkeypatch):
     real = hf("gemma3-270m")
     ids = real.encode(spec_bench_prompts()["writing"], chat=real.has_chat_template)
     samplings = (dict(), dict(temperature=0.8, seed=7))
-    plain = [real.generate(ids, max_new_tokens=32, drafter="none", **kwargs) for kwargs in samplings]
+    plain = [plain_decoding(real, ids, max_new_tokens=32, **kwargs) for kwargs in samplings]  # both drafters
     if drafter == "self":
         greedy = real.generate(ids, max_new_tokens=32, drafter=drafter)
         assert greedy.token_ids == plain[0].token_ids
