@@ -110,12 +110,13 @@ models: $(VENV)/.deps
 # scripts/suite_time.py says where the time went and fails a full run over the budget.
 # The suite runs on every core this make may use (pytest-xdist), one worker a core: most tests are
 # single-threaded toy models, and each worker's llama.cpp and torch forwards keep to its own core
-# (tests/conftest.py pins it), so that workers never spin threads on each other's cores.
+# (tests/conftest.py pins it), so that workers never spin threads on each other's cores. A module runs
+# whole on one worker (loadscope), its models loaded once, the modules of real models first.
 # TEST_WORKERS=0 runs it in one process; a plain `pytest` does too.
 MAKE_START    := $(shell date +%s)
 TEST_BUDGET_S ?= 900
 TEST_WORKERS  ?= $(shell nproc)
-TEST_DIST     ?= worksteal
+TEST_DIST     ?= loadscope
 test: setup browser models
 	SPECDEC_MAKE_START=$(MAKE_START) $(PY) -m pytest -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist $(TEST_DIST))
 	$(PY) scripts/suite_time.py check --budget $(TEST_BUDGET_S)

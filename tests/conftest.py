@@ -58,13 +58,37 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+# Under `make test`'s --dist loadscope each module runs whole on one worker, so that its fixtures
+# (models loaded, plain decoding's references) are made once; modules that share session-wide real
+# models too costly to load twice go together.
+SHARED_SCOPES = {"tests/test_real_models.py": "transformers' real models",
+                 "tests/test_real_pairs.py": "transformers' real models"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope, with :data:`SHARED_SCOPES` and the order of ``pytest_collection_modifyitems``
+    below kept (pytest-xdist would otherwise start with the modules of the most tests, which are
+    quick)."""
+    if config.option.dist != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModelScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_SCOPES.get(nodeid.split("::")[0]) or super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return ModelScopes(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Under pytest-xdist, the modules that load real models (the ``real`` and ``gpu`` tests, most of
     the suite's time) run first, the most such tests first, each module's tests together and in their
-    order: the quick tests at the end even out the workers' finish (pytest-xdist hands tests out in
-    this order, each worker taking the others' last ones once it has none), where a model test of a
-    minute left for last would keep one worker busy while the other idles. Every worker collects the
-    same order. A run in one process keeps the files' order."""
+    order: the quick tests at the end even out the workers' finish (pytest-xdist hands the modules out
+    in this order, a worker taking the next as it finishes one), where a model module of minutes left
+    for last would keep one worker busy while the other idles. Every worker collects the same order.
+    A run in one process keeps the files' order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     modules: dict[str, list] = {}
