@@ -88,7 +88,14 @@ def pytest_collection_modifyitems(session, config, items):
     order: the quick tests at the end even out the workers' finish (pytest-xdist hands the modules out
     in this order, a worker taking the next as it finishes one), where a model module of minutes left
     for last would keep one worker busy while the other idles. Every worker collects the same order.
-    A run in one process keeps the files' order."""
+    A run in one process keeps the files' order.
+
+    The transformers real models (:data:`SHARED_SCOPES`) come after every module that runs llama.cpp:
+    torch's bf16 matmuls (test_real_models' bf16 drafter) use AMX tiles on CPUs that have them and
+    release them after, while ggml configures its tiles once per thread (``ggml_tile_config_init``'s
+    thread-local flag), so a llama.cpp forward on AMX weights after them on the same thread raises
+    SIGILL. Alphabetical order has no llama.cpp module after test_real_models; a worker taking
+    modules in another order must not have one either."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     modules: dict[str, list] = {}
@@ -98,7 +105,11 @@ def pytest_collection_modifyitems(session, config, items):
     def real(module_items) -> int:
         return sum(1 for i in module_items if i.get_closest_marker("real") or i.get_closest_marker("gpu"))
 
-    ordered = sorted(modules.values(), key=lambda module_items: -real(module_items))  # stable: ties keep their order
+    def rank(module_items) -> tuple[int, int]:
+        shared = module_items[0].nodeid.split("::")[0] in SHARED_SCOPES
+        return (1 if shared else 0) if real(module_items) else 2, -real(module_items)
+
+    ordered = sorted(modules.values(), key=rank)  # stable: ties keep their order
     items[:] = [item for module_items in ordered for item in module_items]
 
 def spec_bench_prompts(categories: Sequence[str] = ("summarization", "writing")) -> dict[str, str]:
@@ -187,7 +198,8 @@ def pytest_deselected(items):
 
 def pytest_runtest_logreport(report):
     times = _TIMES.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0})
-    times[report.when] += report.duration
+    # pytest-xdist reports the test a crashed worker was running with the phase "???"
+    times[report.when if report.when in times else "call"] += report.duration
     if report.when == "call" or report.outcome != "passed":
         _OUTCOMES[report.nodeid] = "skipped" if report.skipped else report.outcome
 
