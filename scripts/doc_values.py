@@ -219,6 +219,8 @@ NOT_MEASURED: set[tuple[str, str, str]] = {
     ("serving.md", "waits at most 20 ms for one", "20 ms"),  # GATHER_S, a setting of the batched ticker
     ("serving.md", "waits at least 20 ms", "20 ms"),  # the same setting, as the joint choice's gather
     ("serving.md", "for a body over 1 MiB", "1 MiB"),  # the server's body limit
+    ("serving.md", "nobody drafting by 15%", "15%"),  # MARGIN, a setting of the batched ticker
+    ("serving.md", "more than 1.5 times as long", "1.5"),  # STRETCH, the same
     # --compare's verdict: its thresholds, and a worked example of its arithmetic
     ("cli.md", "disagree on the side of 1.0", "1.0"),
     ("cli.md", "when it is under 3%", "3%"),

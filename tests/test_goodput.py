@@ -96,6 +96,32 @@ def test_a_cost_that_rules_rows_out_is_never_chosen_and_fixed_rows_count_in_the_
     assert choose_lengths(offers, cost) == [3, 0]  # 4 + 30 rows fill the batch
 
 
+def test_a_prompt_chunk_in_the_tick_does_not_make_a_poor_draft_look_good():
+    # Each sequence's rows are a forward of 0.5 s + 0.1 s a row. A step alone: 1 token in 0.6 s
+    # (1.67/s); with its 0.1-likely token 1.1 in 0.7 s (1.57/s): not worth it. Beside a prompt
+    # chunk of 100 rows (10.5 s, no token) the tick's own rate would be 1 / 11.1 against
+    # 1.1 / 11.2, so the draft would win; the chunk is paid whatever is chosen, so it is not.
+    cost = lambda rows: sum(0.5 + 0.1 * r for r in rows if r > 0)  # noqa: E731
+    poor, prompt = Offer.of([0.1]), Offer((0.0,), rows=100)
+    assert choose_lengths([poor], cost) == [0]
+    assert choose_lengths([prompt, poor], cost) == [0, 0]
+    # A draft that pays for itself still goes in beside the chunk: 1.9 tokens in 0.7 s (2.71/s).
+    good = Offer.of([0.9])
+    assert choose_lengths([prompt, good], cost) == [0, 1]
+
+
+def test_no_draft_stretches_a_shared_tick_past_the_limit():
+    # The 8 sequences above, one offering 7 tokens at 0.99: the best, all 7, makes the 1 s tick
+    # 1.55 s. Stretched at most 1.5 times, 6 (1.5 s, 13.85 tokens: 9.23/s against 8/s); at most
+    # 1.2 times, none (one token already makes it 1.25 s).
+    offers = [Offer()] * 3 + [Offer.of([0.99 ** i for i in range(1, 8)])] + [Offer()] * 4
+    cost = per_draft(1.0, 0.2, 0.05)
+    assert choose_lengths(offers, cost, stretch=1.5) == [0, 0, 0, 6, 0, 0, 0, 0]
+    assert choose_lengths(offers, cost, stretch=1.2) == [0] * 8
+    with pytest.raises(ValueError, match="stretch"):
+        choose_lengths(offers, cost, stretch=0.9)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_choice_is_the_best_of_every_combination_on_small_batches(seed):
     rng = random.Random(seed)

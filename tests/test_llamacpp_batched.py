@@ -17,7 +17,8 @@ import httpx  # noqa: E402
 import specdec  # noqa: E402
 from conftest import serving, spec_bench_prompts  # noqa: E402
 from specdec.backends.llamacpp import has_llamafile  # noqa: E402
-from specdec.backends.llamacpp_batched import MarginalCosts  # noqa: E402
+from specdec.backends.llamacpp_batched import MarginalCosts, _gaps  # noqa: E402
+from specdec.backends.llamacpp_lib import lib  # noqa: E402
 from specdec.costs import CostModel  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from specdec.server.app import ServeConfig, Server  # noqa: E402
@@ -91,6 +92,69 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched)
     for t in threads:
         t.join(300)
     assert again == expected[:4]
+
+
+def test_a_gap_left_between_running_sequences_is_filled_and_answers_stay_the_same(alone, batched, monkeypatch):
+    # Sequence 1 is held idle (as a generation that left) while generations run on 0 and 2:
+    # llama.cpp would compute them in a forward each (their ids are not consecutive), so each
+    # tick puts a placeholder row in 1's stream and removes it after; the answers are still each
+    # one's alone, and 1's cells are as they were.
+    expected = [alone.generate(PROMPTS[i], chat=True, max_new_tokens=30, drafter="ngram").token_ids
+                for i in range(2)]
+    pool, shared = batched.loaded.pool, batched.loaded.batched
+    # Every gap filled (whether it pays is the cost's call, tested below on a known curve).
+    monkeypatch.setattr(shared, "_holes", lambda seqs, rows: _gaps(seqs))
+    held = [pool.take() for _ in range(3)]
+    assert [b.slot for b in held] == [0, 1, 2]
+    gap = held[1]
+    gap.reset()
+    gap.prefill(batched.encode(PROMPTS[5])[:20])
+    gap.idle()
+    cells = list(gap.tokens)
+    pool.give(held[0])
+    pool.give(held[2])
+    before, got = shared.placeholders, [None] * 2
+
+    def work(i: int) -> None:
+        got[i] = batched.generate(PROMPTS[i], chat=True, max_new_tokens=30, drafter="ngram").token_ids
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert got == expected
+    assert shared.placeholders > before
+    # The held sequence's stream ends where it ended: every placeholder was removed.
+    llama = lib()
+    assert llama.llama_memory_seq_pos_max(llama.llama_get_memory(shared.ctx), gap.slot) == len(cells) - 1
+    pool.give(gap)
+
+
+def test_a_gap_is_filled_only_where_a_row_costs_less_than_the_forward_it_saves():
+    from specdec.backends.llamacpp_batched import _filled, _gaps, forwards
+
+    assert _gaps([0, 2, 5]) == [1, 3, 4] and _gaps([3, 4]) == [] and _gaps([]) == []
+    assert _filled([0, 2], [3, 1], [1]) == ([0, 1, 2], [3, 1, 1])
+    # Sequences 0 and 2 of one row each: two forwards, or one of three rows with sequence 1's placeholder.
+    assert forwards([0, 2], [1, 1], 64) == [(1, 1), (1, 1)]
+    assert forwards(*_filled([0, 2], [1, 1], [1]), 64) == [(3, 3)]
+    # On a curve of 1 + 0.1 a row: one forward of 3 rows (1.2) beats two of one (2); 16 rows for
+    # two sequences at 0 and 15 (2.5) do not.
+    from types import SimpleNamespace
+
+    from specdec.backends.llamacpp_batched import SharedSequences
+
+    curve = CostModel({n: 1.0 + 0.1 * (n - 1) for n in range(1, 17)})
+    shared = SharedSequences.__new__(SharedSequences)
+    shared.weights, shared.costs = SimpleNamespace(n_batch=512, n_ubatch=512), lambda: curve
+    assert shared._holes([0, 2], [1, 1]) == [1]
+    assert shared._holes([0, 15], [1, 1]) == []
+    assert shared._holes([0, 1], [1, 1]) == []
+    # Without a measured curve: filled where it saves forwards.
+    shared.costs = None
+    assert shared._holes([0, 2], [1, 1]) == [1]
+    assert shared._holes([0, 9], [1, 1]) == []
 
 
 def test_batching_is_refused_where_the_backend_cannot(tiny):

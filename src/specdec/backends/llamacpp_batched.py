@@ -65,6 +65,11 @@ CAUTION = 1.0
 # other sequence's ticks (in the trace at 16 clients, ticks that drafted about broke even, and the
 # run took 18% longer than plain decoding's).
 MARGIN = 1.15
+# ... and no tick's drafts make it longer than this many times the tick without them: every other
+# sequence in it waits for its rows (on a CPU the extra forward a draft costs is most of a
+# one-row forward, so at 4 or more sequences a draft that raised the batch's tokens per second
+# still made the others' answers later: p95 latency 2.7 times plain decoding's at 4 clients).
+STRETCH = 1.5
 
 
 @dataclass
@@ -155,10 +160,12 @@ class SharedSequences:
         self.taken = 0
         self.drafting_ticks = 0  # ticks that verified a draft row
         self.forwards = 0  # the forwards llama.cpp split the ticks into
+        self.placeholders = 0  # rows put in gaps between the ticks' sequence ids (see _holes)
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
         # Every tick as a JSON line in this file, where SPECDEC_TICK_TRACE names one (to find out
         # what a batch did: scripts/tick_traces.py sums such files up).
         self._trace_file = _trace_file()
+        self._expected: dict | None = None  # the last choice's expected tokens and seconds (traced)
 
     # -- sequences --------------------------------------------------------------------------------
     def backend(self) -> SequenceBackend:
@@ -213,9 +220,35 @@ class SharedSequences:
         def cost(rows: Sequence[int]) -> float:
             if sum(rows) > room:
                 return math.inf
-            return batch.tick(forwards(seqs, rows, n_ubatch), CAUTION)
+            present = [(s, r) for s, r in zip(seqs, rows) if r > 0]  # a sequence of no rows is a gap
+            ids, counts = [s for s, _ in present], [r for _, r in present]
+            split = batch.tick(forwards(ids, counts, n_ubatch), CAUTION)
+            gaps = _gaps(ids)
+            if not gaps or sum(counts) + len(gaps) > room:
+                return split
+            return min(split, batch.tick(forwards(*_filled(ids, counts, gaps), n_ubatch), CAUTION))
 
         return cost
+
+    def _holes(self, seqs: Sequence[int], rows: Sequence[int]) -> list[int]:
+        """The sequence ids between the tick's that get a placeholder row: llama.cpp computes a
+        run of consecutive ids in one forward and starts another forward at every missing id, so
+        where sequences left the batch (or one is busy elsewhere) a row in each gap, written to
+        that id's stream and removed after the tick, can cost less than the forwards the gaps
+        cost (a row adds a little to a forward; a forward of few rows costs about a whole
+        one-row forward). Filled where the batch's costs say it is cheaper (without a measured
+        curve: where it saves forwards at a fifth of a forward per placeholder)."""
+        gaps = _gaps(seqs)
+        if not gaps or sum(rows) + len(gaps) > self.weights.n_batch:
+            return []
+        n_ubatch = self.weights.n_ubatch
+        split, filled = forwards(seqs, rows, n_ubatch), forwards(*_filled(seqs, rows, gaps), n_ubatch)
+        curve = self.costs() if self.costs is not None else None
+        if curve is not None:
+            cheaper = curve.batch.tick(filled, CAUTION) < curve.batch.tick(split, CAUTION)
+        else:
+            cheaper = len(filled) + 0.2 * len(gaps) < len(split)
+        return gaps if cheaper else []
 
     def decode(self, sub: _Submission) -> np.ndarray:
         """Run ``sub`` in the next tick with the other sequences' submissions; its logits rows."""
@@ -276,16 +309,17 @@ class SharedSequences:
                 self._pending.remove(sub)
         offered = [sub.offer.most if sub.offer is not None else None for sub in chosen]
         self._choose(chosen)
+        holes = self._holes([s.seq for s in chosen], [len(s.tokens) for s in chosen])
         running, opened = set(self._active), self._opened
         self._ticking = True
         self._cond.release()
         t0 = time.monotonic()
         try:
-            seconds = self._run(chosen)
+            seconds, holes = self._run(chosen, holes)
         except BaseException as exc:  # every submission of the tick fails with it
             for sub in chosen:
                 sub.error = exc
-            seconds = 0.0
+            seconds, holes = 0.0, []
         finally:
             self._cond.acquire()
             self._ticking = False
@@ -294,9 +328,9 @@ class SharedSequences:
             for sub in chosen:
                 sub.done = True
             self._cond.notify_all()
-        self._learn(chosen, seconds)
+        self._learn(chosen, holes, seconds)
         if self._trace_file is not None:
-            self._record(chosen, offered, running, t0, t0 - opened, seconds)
+            self._record(chosen, holes, offered, running, t0, t0 - opened, seconds)
 
     def _choose(self, chosen: list[_Submission]) -> None:
         """Cut the offered drafts to the lengths with the tick's best expected tokens per second."""
@@ -308,7 +342,12 @@ class SharedSequences:
         except SpecdecError:  # no curve yet: plain steps (nothing measured says a draft pays)
             lengths = [0] * len(offers)
         else:
-            lengths = choose_lengths(offers, cost, MARGIN if len(offers) > 1 else 1.0)
+            several = len(offers) > 1
+            lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, STRETCH if several else math.inf)
+            if self._trace_file is not None:  # what the choice expected, beside what the tick takes
+                self._expected = {"tokens": round(sum(o.gains[n] for o, n in zip(offers, lengths)), 2),
+                                  "seconds": round(cost([o.rows + n for o, n in zip(offers, lengths)]), 4),
+                                  "plain_seconds": round(cost([o.rows for o in offers]), 4)}
         for sub, offer, n in zip(chosen, offers, lengths):
             if sub.offer is not None:
                 sub.cut(offer.rows + n)
@@ -316,11 +355,11 @@ class SharedSequences:
                 self.offered += offer.most
                 self.taken += n
 
-    def _learn(self, chosen: list[_Submission], seconds: float) -> None:
+    def _learn(self, chosen: list[_Submission], holes: list[int], seconds: float) -> None:
         """Counters, and what the tick teaches the model's costs (called with the condition held)."""
         rows = [len(s.tokens) for s in chosen]
         total = sum(rows)
-        split = forwards([s.seq for s in chosen], rows, self.weights.n_ubatch)
+        split = forwards(*_filled([s.seq for s in chosen], rows, holes), self.weights.n_ubatch)
         for sub in chosen:
             self._log.rows[sub.seq] = len(sub.tokens)
         curve = self.costs() if self.costs is not None else None
@@ -338,40 +377,63 @@ class SharedSequences:
         self.drafted += drafted
         self.drafting_ticks += drafted > 0
         self.forwards += len(split)
+        self.placeholders += len(holes)
         if self.trace is not None:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
 
-    def _record(self, chosen: list[_Submission], offered: list[int | None], running: set[int], t0: float,
-                gathered: float, seconds: float) -> None:
+    def _record(self, chosen: list[_Submission], holes: list[int], offered: list[int | None], running: set[int],
+                t0: float, gathered: float, seconds: float) -> None:
         """One tick as a line of the trace file: when, how long it gathered and decoded, the
         sequences running and those in it (rows each, and the draft rows each offered), the
         forwards llama.cpp split it into."""
         seqs, rows = [s.seq for s in chosen], [len(s.tokens) for s in chosen]
         line = {"context": id(self), "t": round(t0, 4), "gathered_s": round(gathered, 4), "seconds": round(seconds, 4),
                 "running": sorted(running), "seqs": seqs, "rows": rows, "offered": offered,
-                "drafted": [s.drafted for s in chosen],
-                "forwards": forwards(seqs, rows, self.weights.n_ubatch)}
+                "drafted": [s.drafted for s in chosen], "holes": holes,
+                "forwards": forwards(*_filled(seqs, rows, holes), self.weights.n_ubatch), "expected": self._expected}
+        self._expected = None
         self._trace_file.write(json.dumps(line) + "\n")
         self._trace_file.flush()
 
-    def _run(self, chosen: list[_Submission]) -> float:
+    def _run(self, chosen: list[_Submission], holes: Sequence[int] = ()) -> tuple[float, list[int]]:
         """Decode ``chosen`` (in sequence id order: with a KV stream per sequence llama.cpp splits
-        a batch wherever its sequence ids are not consecutive, one more forward each time)."""
-        batch = self.batch
-        n = 0
-        for sub in chosen:
-            for i, tok in enumerate(sub.tokens):
-                batch.token[n] = tok
-                batch.pos[n] = sub.positions[i]
-                batch.n_seq_id[n] = len(sub.seq_ids[i])
-                for j, s in enumerate(sub.seq_ids[i]):
-                    batch.seq_id[n][j] = s
-                batch.logits[n] = sub.wanted[i]
-                n += 1
-        batch.n_tokens = n
+        a batch wherever its sequence ids are not consecutive, one more forward each time) with a
+        placeholder row in each of ``holes`` (see :meth:`_holes`); the seconds, and the holes
+        filled (one whose stream is full stays a gap)."""
+        batch, llama = self.batch, lib()
         with self.kv:
-            seconds = decode(self.ctx, batch)
-            base = ctypes.cast(lib().llama_get_logits(self.ctx), ctypes.c_void_p).value
+            mem = llama.llama_get_memory(self.ctx)
+            # A placeholder continues its stream (llama.cpp wants each sequence's positions to
+            # follow its cells) and is removed after the tick, which leaves the stream's cells
+            # as they were: the next cell written there lands where it would have.
+            placed = {}
+            for h in holes:
+                pos = llama.llama_memory_seq_pos_max(mem, h) + 1
+                if pos < self.max_length:
+                    placed[h] = pos
+            rows = [(sub.seq, sub) for sub in chosen] + [(h, None) for h in placed]
+            n = 0
+            for seq, sub in sorted(rows, key=lambda r: r[0]):
+                if sub is None:  # a placeholder: no logits, nothing kept
+                    batch.token[n], batch.pos[n], batch.n_seq_id[n], batch.logits[n] = 0, placed[seq], 1, False
+                    batch.seq_id[n][0] = seq
+                    n += 1
+                    continue
+                for i, tok in enumerate(sub.tokens):
+                    batch.token[n] = tok
+                    batch.pos[n] = sub.positions[i]
+                    batch.n_seq_id[n] = len(sub.seq_ids[i])
+                    for j, s in enumerate(sub.seq_ids[i]):
+                        batch.seq_id[n][j] = s
+                    batch.logits[n] = sub.wanted[i]
+                    n += 1
+            batch.n_tokens = n
+            try:
+                seconds = decode(self.ctx, batch)
+            finally:
+                for h, pos in placed.items():
+                    llama.llama_memory_seq_rm(mem, h, pos, -1)
+            base = ctypes.cast(llama.llama_get_logits(self.ctx), ctypes.c_void_p).value
             vocab, row = self.weights.vocab_size, 0
             for sub in chosen:
                 k = sum(sub.wanted)
@@ -379,13 +441,25 @@ class SharedSequences:
                 if k:
                     ctypes.memmove(sub.out.ctypes.data, base + row * vocab * 4, sub.out.nbytes)
                 row += k
-        return seconds
+        return seconds, sorted(placed)
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
             lib().llama_batch_free(self.batch)
             lib().llama_free(self.ctx)
             self.ctx = None
+
+
+def _gaps(seqs: Sequence[int]) -> list[int]:
+    """The ids missing between the lowest and the highest of ``seqs`` (ascending)."""
+    present = set(seqs)
+    return [s for s in range(seqs[0], seqs[-1]) if s not in present] if seqs else []
+
+
+def _filled(seqs: Sequence[int], rows: Sequence[int], holes: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``seqs`` and their ``rows`` with one row for each of ``holes``, in id order."""
+    both = sorted([*zip(seqs, rows), *((h, 1) for h in holes)])
+    return [s for s, _ in both], [r for _, r in both]
 
 
 TICK_TRACE_ENV = "SPECDEC_TICK_TRACE"
@@ -398,8 +472,9 @@ def _trace_file():
 
 
 def _fixed(sub: _Submission) -> Offer:
-    """A submission without an offer, as one: its rows whatever is chosen, worth a step's token."""
-    return Offer((1.0,), len(sub.tokens))
+    """A submission without an offer, as one: its rows whatever is chosen, worth a step's token;
+    a prompt's chunk (the logits of its last row at most) none."""
+    return Offer((1.0 if all(sub.wanted) else 0.0,), len(sub.tokens))
 
 
 def _ticker(ref: weakref.ref) -> None:

@@ -76,7 +76,8 @@ def goodput(offers: Sequence[Offer], lengths: Sequence[int], cost: TickCost) -> 
     return _rate(tokens, seconds)
 
 
-def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0) -> list[int]:
+def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0,
+                   stretch: float = math.inf) -> list[int]:
     """Each offer's number of draft nodes to verify: the lengths with the best :func:`goodput`,
     searched from nobody drafting by moves, each the one that raises goodput most, until none
     does. A move sets one sequence's length, or sets every sequence that has that many nodes on
@@ -90,17 +91,40 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0)
     a combination out. Work: the lengths tried (every one alone; in a batch each up to 16, then a
     coarse grid) times the moves made, one cost call each.
 
+    Rows that yield no token this tick (a prompt's chunk: ``gains[0] == 0``) are paid whatever is
+    chosen, so the rate drafts must beat is the one of the tick's steps without them: a tick
+    made slow by a prompt is no reason to add a draft that pays less than decoding does.
+
     ``margin``: the lengths found are kept only if their goodput is at least this many times
     nobody drafting's (else nobody drafts): a batch's cost is an estimate, and a draft that only
-    breaks even lengthens the tick of every sequence in it.
+    breaks even lengthens the tick of every sequence in it. ``stretch``: no choice makes the
+    tick longer than this many times the tick of nobody drafting (every sequence in it waits for
+    the tick: a draft may raise the batch's tokens per second and still make the others' answers
+    later; a batch whose cost does not grow with its rows, as a GPU's padded graph, never meets it).
     """
     if not margin >= 1.0:
         raise ValueError(f"the margin drafting must beat nobody drafting by is at least 1, got {margin}")
+    if not stretch >= 1.0:
+        raise ValueError(f"a tick may stretch to at least its own length (1), got {stretch}")
     lengths = [0] * len(offers)
     tokens = sum(o.gains[0] for o in offers)
     spent = sum(o.spent for o in offers)
-    best = plain = _rate(tokens, spent + cost([o.rows for o in offers]))
+    plain_s = cost([o.rows for o in offers])
+    # What the tick pays for rows that yield nothing this tick, taken out of every rate compared.
+    fixed = 0.0
+    if any(o.gains[0] == 0 and o.rows for o in offers) and any(o.gains[0] > 0 for o in offers):
+        fixed = max(0.0, plain_s - cost([o.rows if o.gains[0] > 0 else 0 for o in offers]))
+    limit = stretch * plain_s
+
+    def rate(tokens: float, seconds: float) -> float:
+        if seconds > limit:
+            return -math.inf
+        return _rate(tokens, spent + seconds - fixed)
+
+    best = plain = rate(tokens, plain_s)
     longest = max((o.most for o in offers), default=0)
+    if limit < math.inf and not _any_fits(offers, cost, limit):
+        return lengths
     candidates = [_lengths(o.most, every=len(offers) == 1) for o in offers]
     while True:
         move: list[int] | None = None
@@ -112,9 +136,9 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0)
                 if n == now:
                     continue
                 rows[s] = offer.rows + n
-                rate = _rate(others + offer.gains[n], spent + cost(rows))
-                if rate > best:
-                    best, move = rate, lengths[:s] + [n] + lengths[s + 1:]
+                r = rate(others + offer.gains[n], cost(rows))
+                if r > best:
+                    best, move = r, lengths[:s] + [n] + lengths[s + 1:]
             rows[s] = held
         if len(offers) > 1:
             for n in _lengths(longest, every=False)[1:]:
@@ -122,13 +146,27 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0)
                 if level == lengths:
                     continue
                 gained = sum(o.gains[m] for o, m in zip(offers, level))
-                rate = _rate(gained, spent + cost([o.rows + m for o, m in zip(offers, level)]))
-                if rate > best:
-                    best, move = rate, level
+                r = rate(gained, cost([o.rows + m for o, m in zip(offers, level)]))
+                if r > best:
+                    best, move = r, level
         if move is None:
             return lengths if margin == 1.0 or best >= margin * plain else [0] * len(offers)
         lengths = move
         tokens = sum(o.gains[m] for o, m in zip(offers, lengths))
+
+
+def _any_fits(offers: Sequence[Offer], cost: TickCost, limit: float) -> bool:
+    """Whether one draft node more, of one sequence or of every sequence, keeps the tick within
+    ``limit`` seconds: where none does, no longer draft does either (a tick's cost grows with
+    its rows), and a batch of many sequences is spared the search."""
+    rows = [o.rows for o in offers]
+    for s, offer in enumerate(offers):
+        if offer.most:
+            rows[s] += 1
+            if cost(rows) <= limit:
+                return True
+            rows[s] -= 1
+    return cost([o.rows + (1 if o.most else 0) for o in offers]) <= limit
 
 
 EVERY_UP_TO = 16  # in a batch, lengths past this are tried on a coarser grid (and the whole offer)
