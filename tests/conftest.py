@@ -28,6 +28,11 @@ from specdec.types import Draft
 # ggml reads its tiled-matmul switch once per process: the suite runs llama.cpp's exact kernels
 # whichever test loads a GGUF first (specdec sets it itself when the first load is exact).
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+# A model's cost curve is measured once per machine; the suite measures it in one round instead
+# of five (a fresh clone measures every model it loads: minutes of the suite's budget). What the
+# tests check (exactness, the policy's logic on given curves) does not depend on its precision,
+# and the rounds' own logic is tested on toy backends. Such a curve is cached apart from a full one.
+os.environ.setdefault("SPECDEC_CALIBRATION_REPEATS", "1")
 
 
 def _pin_xdist_worker() -> None:

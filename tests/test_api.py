@@ -269,12 +269,30 @@ def test_a_corrupt_cost_cache_is_measured_again(tmp_path, monkeypatch, garbage):
     path = tmp_path / "costs" / "toy-key.json"
     path.parent.mkdir()
     path.write_bytes(garbage)
-    model = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3], repeats=1)
+    model = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3], repeats=costs.REPEATS)
     assert model.forward(1) > 0
     stored = json.loads(path.read_text())
     assert sorted(int(n) for n in stored if n != costs.SWITCH_KEY) == sorted(costs.CALIBRATION_SIZES)
     assert stored[costs.SWITCH_KEY] >= 0
     # The rewritten file is used as it is: no second measurement.
     monkeypatch.setattr(costs, "measure_forward_costs", lambda *a, **k: pytest.fail("measured again"))
-    again = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3])
+    again = costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3], repeats=costs.REPEATS)
     assert again.seconds == model.seconds and again.switch == model.switch
+
+
+def test_a_calibration_of_fewer_rounds_is_kept_apart_from_a_full_one(tmp_path, monkeypatch):
+    from specdec import costs
+    from specdec.backends.toy import ToyLM
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv(costs.REPEATS_ENV, "1")
+    costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3])
+    assert [p.name for p in (tmp_path / "costs").iterdir()] == ["toy-key-r1.json"]
+    monkeypatch.delenv(costs.REPEATS_ENV)
+    assert costs.calibration_repeats() == costs.REPEATS
+    costs.calibrated("toy-key", ToyLM(vocab_size=8).backend(), [1, 2, 3])
+    assert sorted(p.name for p in (tmp_path / "costs").iterdir()) == ["toy-key-r1.json", "toy-key.json"]
+    for bad in ("0", "-2", "three"):
+        monkeypatch.setenv(costs.REPEATS_ENV, bad)
+        with pytest.raises(SpecdecError, match="SPECDEC_CALIBRATION_REPEATS must be a whole number >= 1"):
+            costs.calibration_repeats()

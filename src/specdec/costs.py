@@ -9,6 +9,7 @@ token, so whether a draft pays depends on this curve; the adaptive policy and ``
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from specdec.cache import JsonCache
+from specdec.errors import SpecdecError
 
 
 class Timed(Protocol):
@@ -356,12 +358,37 @@ CALIBRATION_SIZES = tuple(range(1, 17)) + (24, 32, 48, 64)
 LONG_FROM = 17
 
 
-def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int = 5) -> CostModel:
-    """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine.
+REPEATS = 5  # rounds of the calibration (the fastest of each size counts)
+REPEATS_ENV = "SPECDEC_CALIBRATION_REPEATS"
+
+
+def calibration_repeats() -> int:
+    """Rounds of a calibration: ``SPECDEC_CALIBRATION_REPEATS`` or :data:`REPEATS`. Fewer rounds
+    start a model sooner with a rougher curve, which the forwards then refine (the test suite runs
+    one: what it checks does not depend on the curve's precision)."""
+    raw = os.environ.get(REPEATS_ENV)
+    if raw is None:
+        return REPEATS
+    try:
+        repeats = int(raw)
+    except ValueError:
+        repeats = 0
+    if repeats < 1:
+        raise SpecdecError(f"{REPEATS_ENV} must be a whole number >= 1, got {raw!r}")
+    return repeats
+
+
+def calibrated(key: str, backend: Timed, context: Sequence[int], repeats: int | None = None) -> CostModel:
+    """The cost model for ``key`` (model, backend, dtype, threads, CPU), measured once per machine
+    in ``repeats`` rounds (default :func:`calibration_repeats`).
 
     Measurements are cached as JSON under the specdec cache (``costs/``); a missing or corrupt
-    file is measured again. Delete it to re-measure, e.g. after moving to a busier machine.
+    file is measured again. Delete it to re-measure, e.g. after moving to a busier machine. A curve
+    of fewer rounds than the default is kept apart, so it never stands in for a full one.
     """
+    repeats = calibration_repeats() if repeats is None else repeats
+    if repeats != REPEATS:
+        key = f"{key}-r{repeats}"
     cache = JsonCache("costs", key)
     found = cache.load(_parse_seconds)
     if found is None:
