@@ -108,6 +108,8 @@ FOLDERS: dict[str, tuple[str, str]] = {
                     "Drafters"),
     "loadtest-qwen": ("`specdec serve` against stock llama-server under 1-16 concurrent clients",
                       "Serving"),
+    "loadtest-qwen-heldout": ("the same load test on held-out prompts (bench-results/heldout-inputs)",
+                              "Serving"),
     "loadtest-index": ("serving clients that ask about the same files: the per-key index of earlier answers",
                        "Serving"),
     "loadtest": ("`specdec serve` against vLLM on CPU under load (SmolLM2-135M)",
@@ -121,7 +123,7 @@ FOLDERS: dict[str, tuple[str, str]] = {
 # from before results.json recorded its command (all on the shipped Spec-Bench set).
 PROMPTS = {
     "policy-ablation": "tuning; timed: held-out", "heldout-inputs": HELDOUT, "gpu-check": TUNING,
-    "loadtest-qwen": TUNING, "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
+    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
     "replay-ceilings": TUNING, "replay-repair": TUNING,
     **{name: TUNING for name in ("trees-hf-fp32-switch", "trees-llamacpp-switch", "staged-smollm2-llamacpp",
                                  "vocab-gemma-smol", "vocab-gemma-smol-lcpp", "vocab-smol-gemma",
