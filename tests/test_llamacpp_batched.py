@@ -62,6 +62,15 @@ def _generate(model, i: int) -> list[int]:
     return model.generate(PROMPTS[i], chat=True, **kwargs).token_ids
 
 
+def _concurrently(work, n: int) -> None:
+    """``work(i)`` for i in 0..n-1, each on a thread of its own, all started before any is joined."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+
+
 def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched):
     expected = [_generate(alone, i) for i in range(8)]
     got: list = [None] * 8
@@ -71,11 +80,7 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched)
         time.sleep(0.05 * (i % 3))  # staggered: some join while others are decoding
         got[i] = _generate(batched, i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    _concurrently(work, 8)
     assert got == expected
     # They really shared forwards: far fewer ticks than the generations' steps.
     steps = sum(len(tokens) for tokens in expected)
@@ -86,11 +91,7 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched)
     assert 0 < shared.taken < shared.offered
     # A second wave reuses the sequences the first one left.
     again: list = [None] * 4
-    threads = [threading.Thread(target=lambda i=i: again.__setitem__(i, _generate(batched, i))) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    _concurrently(lambda i: again.__setitem__(i, _generate(batched, i)), 4)
     assert again == expected[:4]
 
 
@@ -118,11 +119,7 @@ def test_a_gap_left_between_running_sequences_is_filled_and_answers_stay_the_sam
     def work(i: int) -> None:
         got[i] = batched.generate(PROMPTS[i], chat=True, max_new_tokens=30, drafter="ngram").token_ids
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    _concurrently(work, 2)
     assert got == expected
     assert shared.placeholders > before
     # The held sequence's stream ends where it ended: every placeholder was removed.
@@ -326,10 +323,6 @@ def test_batched_generations_on_repacked_weights_give_the_tokens_each_gives_alon
     def run(i: int) -> None:
         got[i] = batched.generate(prompts[i], chat=True, max_new_tokens=40, **kinds[i]).token_ids
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _concurrently(run, len(prompts))
     assert max(batched.loaded.batched.rows / max(batched.loaded.batched.ticks, 1), 0) > 2, "the generations were not batched"
     assert [i for i in range(len(prompts)) if got[i] != expected[i]] == []

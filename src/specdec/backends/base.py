@@ -119,6 +119,14 @@ def check_extend(tokens: Sequence[int], tree: Sequence[int] | None = None, suppo
         trees.check(tree)
 
 
+def check_offer(tokens: Sequence[int], offer: Offer) -> None:
+    """Shared argument check for ``Backend.extend_offer``: the offer is for these tokens (one
+    step's row and its draft after it)."""
+    if offer.rows != 1 or offer.most != len(tokens) - 1:
+        raise ValueError(f"the offer is for {offer.rows} row(s) and {offer.most} draft tokens, "
+                         f"the extend has 1 and {len(tokens) - 1}")
+
+
 def check_truncate(length: int, current: int) -> None:
     """Shared argument check for ``Backend.truncate`` implementations."""
     if not 0 <= length <= current:

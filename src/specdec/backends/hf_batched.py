@@ -37,7 +37,7 @@ import torch
 
 from specdec import tree as trees
 from specdec.backends import paged_attention
-from specdec.backends.base import Backend, check_extend, check_keep, check_truncate
+from specdec.backends.base import Backend, check_extend, check_keep, check_offer, check_truncate
 from specdec.backends.cuda_graphs import Replay, compiled
 from specdec.backends.kv_pool import KVPool
 from specdec.backends.paged_attention import PAGE, PagedMeta
@@ -511,9 +511,7 @@ class PagedSequence(Backend):
         check_extend(tokens)
         if self._last[1] is not None:
             raise ValueError("a tree extend must be followed by truncate, not another extend")
-        if offer.rows != 1 or offer.most != len(tokens) - 1:
-            raise ValueError(f"the offer is for {offer.rows} row(s) and {offer.most} draft tokens, "
-                             f"the extend has {len(tokens)} tokens")
+        check_offer(tokens, offer)
         width, start = self.batch.width, len(self.tokens)
         tokens = list(tokens)[:width]
         offer = Offer(offer.gains[:width], 1, offer.spent)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specdec.backends.base import check_extend
+from specdec.backends.base import check_extend, check_offer
 from specdec.backends.llamacpp_kernels import Layout
 from specdec.backends.llamacpp_lib import decode, lib
 from specdec.backends.llamacpp_sequence import LlamaCppSequence
@@ -221,34 +221,21 @@ class SharedSequences:
             if sum(rows) > room:
                 return math.inf
             present = [(s, r) for s, r in zip(seqs, rows) if r > 0]  # a sequence of no rows is a gap
-            ids, counts = [s for s, _ in present], [r for _, r in present]
-            split = batch.tick(forwards(ids, counts, n_ubatch), CAUTION)
-            gaps = _gaps(ids)
-            if not gaps or sum(counts) + len(gaps) > room:
-                return split
-            return min(split, batch.tick(forwards(*_filled(ids, counts, gaps), n_ubatch), CAUTION))
+            return _layout([s for s, _ in present], [r for _, r in present], room, n_ubatch,
+                           lambda split: batch.tick(split, CAUTION))[0]
 
         return cost
 
     def _holes(self, seqs: Sequence[int], rows: Sequence[int]) -> list[int]:
-        """The sequence ids between the tick's that get a placeholder row: llama.cpp computes a
-        run of consecutive ids in one forward and starts another forward at every missing id, so
-        where sequences left the batch (or one is busy elsewhere) a row in each gap, written to
-        that id's stream and removed after the tick, can cost less than the forwards the gaps
-        cost (a row adds a little to a forward; a forward of few rows costs about a whole
-        one-row forward). Filled where the batch's costs say it is cheaper (without a measured
-        curve: where it saves forwards at a fifth of a forward per placeholder)."""
-        gaps = _gaps(seqs)
-        if not gaps or sum(rows) + len(gaps) > self.weights.n_batch:
-            return []
-        n_ubatch = self.weights.n_ubatch
-        split, filled = forwards(seqs, rows, n_ubatch), forwards(*_filled(seqs, rows, gaps), n_ubatch)
+        """The sequence ids between the tick's that get a placeholder row (see :func:`_layout`):
+        where the batch's costs say it is cheaper; without a measured curve, where it saves
+        forwards at a fifth of a forward per row."""
         curve = self.costs() if self.costs is not None else None
         if curve is not None:
-            cheaper = curve.batch.tick(filled, CAUTION) < curve.batch.tick(split, CAUTION)
+            price = lambda split: curve.batch.tick(split, CAUTION)  # noqa: E731
         else:
-            cheaper = len(filled) + 0.2 * len(gaps) < len(split)
-        return gaps if cheaper else []
+            price = lambda split: len(split) + 0.2 * sum(n for n, _ in split)  # noqa: E731
+        return _layout(seqs, rows, self.weights.n_batch, self.weights.n_ubatch, price)[1]
 
     def decode(self, sub: _Submission) -> np.ndarray:
         """Run ``sub`` in the next tick with the other sequences' submissions; its logits rows."""
@@ -450,6 +437,23 @@ class SharedSequences:
             self.ctx = None
 
 
+def _layout(seqs: Sequence[int], rows: Sequence[int], room: int, n_ubatch: int,
+            price: Callable[[list[tuple[int, int]]], float]) -> tuple[float, list[int]]:
+    """The price of a tick of these sequences (ascending ids) and rows, and the ids that get a
+    placeholder row. llama.cpp computes a run of consecutive ids in one forward and starts
+    another forward at every missing id, so where sequences left the batch (or one is busy
+    elsewhere) a row in each gap, written to that id's stream and removed after the tick, can
+    cost less than the forwards the gaps cost (a row adds a little to a forward; a forward of few
+    rows costs about a whole one-row forward): the gaps are filled where ``price`` (seconds of a
+    tick run as given forwards) says so, and where the batch has room for them."""
+    split = price(forwards(seqs, rows, n_ubatch))
+    gaps = _gaps(seqs)
+    if not gaps or sum(rows) + len(gaps) > room:
+        return split, []
+    filled = price(forwards(*_filled(seqs, rows, gaps), n_ubatch))
+    return (filled, gaps) if filled < split else (split, [])
+
+
 def _gaps(seqs: Sequence[int]) -> list[int]:
     """The ids missing between the lowest and the highest of ``seqs`` (ascending)."""
     present = set(seqs)
@@ -517,9 +521,7 @@ class SequenceBackend(LlamaCppSequence):
         check_extend(tokens)
         if self._last[1] is not None:
             raise ValueError("a tree extend must be followed by truncate, not another extend")
-        if offer.rows != 1 or offer.most != len(tokens) - 1:
-            raise ValueError(f"the offer is for {offer.rows} row(s) and {offer.most} draft tokens, "
-                             f"the extend has 1 and {len(tokens) - 1}")
+        check_offer(tokens, offer)
         tokens = list(tokens)
         if len(tokens) > self.weights.n_batch:  # more than a tick holds: the offer's first rows
             tokens, offer = tokens[:self.weights.n_batch], Offer(offer.gains[:self.weights.n_batch], 1, offer.spent)

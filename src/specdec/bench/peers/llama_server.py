@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.bench.base import Method, PeerContext, RunResult, peer
+from specdec.bench.base import Method, PeerContext, RunResult, peer, positive
 from specdec.cpu import usable_cpus
 from specdec.errors import SpecdecError
 from specdec.models import ALIASES, default_draft_model, resolve
@@ -110,7 +110,7 @@ def parse(spec: str, args: list[str], pairs: dict[str, str], target: str | None 
     unknown = set(pairs) - {"n"}
     if unknown:
         raise SpecdecError(f"method {spec!r}: unknown option(s) {', '.join(sorted(unknown))}")
-    n = None if "n" not in pairs else _positive_n(spec, pairs["n"])
+    n = None if "n" not in pairs else positive(spec, pairs["n"], "n")
     if kind == "plain":
         if args or n is not None:
             raise SpecdecError(f"method {spec!r}: write llama-server-plain (it takes no options)")
@@ -132,16 +132,6 @@ def parse(spec: str, args: list[str], pairs: dict[str, str], target: str | None 
     if n is not None and NGRAM_TYPES[kind] is None:
         raise SpecdecError(f"method {spec!r}: {kind} takes no n (llama.cpp fixes its draft length)")
     return ServerSettings(kind, None, n)
-
-
-def _positive_n(spec: str, value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise SpecdecError(f"method {spec!r}: n must be a whole number >= 1")
-    return n
 
 
 def request_body(prompt_ids: list[int], max_new_tokens: int, options: GenerationOptions,

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.bench.base import Method, PeerContext, RunResult, peer
+from specdec.bench.base import Method, PeerContext, RunResult, peer, positive
 from specdec.errors import SpecdecError
 from specdec.models import resolve
 from specdec.options import GenerationOptions
@@ -78,13 +78,7 @@ def parse(spec: str, args: list[str], pairs: dict[str, str], target: str | None 
     if head == "vllm-plain" and not args and not pairs:
         return VllmSettings()
     if head == "vllm-ngram" and not args and set(pairs) <= {"k"}:
-        try:
-            k = int(pairs.get("k", "4"))
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise SpecdecError(f"method {spec!r}: k must be a whole number >= 1")
-        return VllmSettings(ngram=k)
+        return VllmSettings(ngram=positive(spec, pairs.get("k", "4")))
     raise SpecdecError(f"method {spec!r}: write vllm-plain or vllm-ngram[:k=K]")
 
 
