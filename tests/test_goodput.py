@@ -110,6 +110,22 @@ def test_a_prompt_chunk_in_the_tick_does_not_make_a_poor_draft_look_good():
     assert choose_lengths([prompt, good], cost) == [0, 1]
 
 
+def test_a_learned_curve_that_dips_beside_a_prompt_chunk_never_prices_a_tick_at_no_time():
+    # A learned tick cost need not be monotone: here a prompt chunk's tick with one draft row
+    # more seems cheaper than without it (0.5 s against 1.0 s), by more than the step's own
+    # 0.1 s. The draft's rows are then priced at nothing on top of the step (never below the
+    # step's own time, never at a negative time), so the choice is made, not an error raised.
+    def cost(rows):
+        prompt, step = rows
+        if not prompt:
+            return 0.1 + 0.01 * (step - 1)
+        return 1.0 if step == 1 else 0.5
+
+    offers = [Offer((0.0,), rows=32), Offer.of([0.9, 0.9])]
+    assert choose_lengths(offers, cost) == [0, 2]
+    assert choose_lengths(offers, cost, margin=1.15, stretch=1.5) == [0, 2]
+
+
 def test_no_draft_stretches_a_shared_tick_past_the_limit():
     # The 8 sequences above, one offering 7 tokens at 0.99: the best, all 7, makes the 1 s tick
     # 1.55 s. Stretched at most 1.5 times, 6 (1.5 s, 13.85 tokens: 9.23/s against 8/s); at most

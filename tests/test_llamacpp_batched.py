@@ -99,6 +99,54 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched,
     assert again == expected[:4]
 
 
+def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requests(alone, batched, monkeypatch):
+    # The batch's choice raising (a bug, a cost curve gone wrong) must not stop the ticker with
+    # requests waiting on it forever: each tick it fails verifies no drafts, and the answers are
+    # still each one's alone.
+    import specdec.backends.llamacpp_batched as module
+
+    def broken(*args, **kwargs):
+        raise ValueError("a broken choice")
+
+    shared = batched.loaded.batched
+    monkeypatch.setattr(shared, "tick_cost", lambda seqs: lambda rows: 1.0 + 0.01 * sum(rows))
+    monkeypatch.setattr(module, "choose_lengths", broken)
+    expected = [_generate(alone, i) for i in range(3)]
+    got: list = [None] * 3
+    taken = shared.taken
+    with pytest.warns(RuntimeWarning, match="a broken choice"):
+        _concurrently(lambda i: got.__setitem__(i, _generate(batched, i)), 3)
+    assert got == expected
+    assert shared.taken == taken
+
+
+def test_an_error_outside_a_decode_fails_its_request_and_the_ticker_goes_on(batched, monkeypatch):
+    # What the ticker meets outside a decode ends the submissions of that tick with the error,
+    # raised in their own request (not a request waiting forever), and the next request is
+    # served as before.
+    shared = batched.loaded.batched
+    real, failed = shared._holes, []
+
+    def once(seqs, rows):
+        if not failed:
+            failed.append(seqs)
+            raise RuntimeError("outside a decode")
+        return real(seqs, rows)
+
+    monkeypatch.setattr(shared, "_holes", once)
+    outcome: list = []
+
+    def work(i: int) -> None:
+        try:
+            batched.generate(PROMPTS[0], chat=True, max_new_tokens=4)
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    _concurrently(work, 1)
+    assert outcome == ["outside a decode"]
+    assert len(batched.generate(PROMPTS[0], chat=True, max_new_tokens=4).token_ids) == 4
+
+
 def test_a_gap_left_between_running_sequences_is_filled_and_answers_stay_the_same(alone, batched, monkeypatch):
     # Sequence 1 is held idle (as a generation that left) while generations run on 0 and 2:
     # llama.cpp would compute them in a forward each (their ids are not consecutive), so each

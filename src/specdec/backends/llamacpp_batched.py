@@ -35,6 +35,7 @@ import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -268,6 +269,16 @@ class SharedSequences:
             else:
                 self._cond.wait(wait)
 
+    def _fail_pending(self, exc: BaseException) -> None:
+        """End every submission waiting for a tick with ``exc`` (the ticker met an error outside
+        a decode, which fails only that tick's own submissions)."""
+        with self._cond:
+            for sub in self._pending:
+                sub.error, sub.done = exc, True
+            self._pending.clear()
+            self._ticking = False
+            self._cond.notify_all()
+
     def _gather_until(self) -> float:
         """When the tick being gathered runs (called with the condition held). Lockstep: a tick
         waits until every running sequence has submitted (on 2 cores a decode that overlaps
@@ -295,8 +306,25 @@ class SharedSequences:
                 room -= need
                 self._pending.remove(sub)
         offered = [sub.offer.most if sub.offer is not None else None for sub in chosen]
-        self._choose(chosen)
-        holes = self._holes([s.seq for s in chosen], [len(s.tokens) for s in chosen])
+        # What each offered, as the expected tokens of its first draft nodes (traced)
+        gains = ([[round(g, 3) for g in sub.offer.gains[:17]] if sub.offer is not None else None for sub in chosen]
+                 if self._trace_file is not None else [])
+        try:
+            self._choose(chosen)
+        except Exception as exc:  # a failed choice costs the tick its drafts, never its requests
+            warnings.warn(f"specdec: the batch's draft lengths failed ({exc!r}); this tick verifies no drafts",
+                          RuntimeWarning, stacklevel=1)
+            for sub in chosen:
+                if sub.offer is not None:
+                    sub.cut(sub.offer.rows)
+                    sub.drafted = 0
+        try:
+            holes = self._holes([s.seq for s in chosen], [len(s.tokens) for s in chosen])
+        except BaseException as exc:  # out of the pending list already: failed here, not lost
+            for sub in chosen:
+                sub.error, sub.done = exc, True
+            self._cond.notify_all()
+            raise
         running, opened = set(self._active), self._opened
         self._ticking = True
         self._cond.release()
@@ -317,7 +345,7 @@ class SharedSequences:
             self._cond.notify_all()
         self._learn(chosen, holes, seconds)
         if self._trace_file is not None:
-            self._record(chosen, holes, offered, running, t0, t0 - opened, seconds)
+            self._record(chosen, holes, offered, gains, running, t0, t0 - opened, seconds)
 
     def _choose(self, chosen: list[_Submission]) -> None:
         """Cut the offered drafts to the lengths with the tick's best expected tokens per second."""
@@ -368,16 +396,17 @@ class SharedSequences:
         if self.trace is not None:
             self.trace.append(([len(s.tokens) for s in chosen], seconds))
 
-    def _record(self, chosen: list[_Submission], holes: list[int], offered: list[int | None], running: set[int],
-                t0: float, gathered: float, seconds: float) -> None:
+    def _record(self, chosen: list[_Submission], holes: list[int], offered: list[int | None],
+                gains: list[list[float] | None], running: set[int], t0: float, gathered: float, seconds: float) -> None:
         """One tick as a line of the trace file: when, how long it gathered and decoded, the
-        sequences running and those in it (rows each, and the draft rows each offered), the
-        forwards llama.cpp split it into."""
+        sequences running and those in it (rows each, the draft rows each offered and the expected
+        tokens of their first 16 prefixes), the forwards llama.cpp split it into."""
         seqs, rows = [s.seq for s in chosen], [len(s.tokens) for s in chosen]
         line = {"context": id(self), "t": round(t0, 4), "gathered_s": round(gathered, 4), "seconds": round(seconds, 4),
                 "running": sorted(running), "seqs": seqs, "rows": rows, "offered": offered,
                 "drafted": [s.drafted for s in chosen], "holes": holes,
-                "forwards": forwards(*_filled(seqs, rows, holes), self.weights.n_ubatch), "expected": self._expected}
+                "forwards": forwards(*_filled(seqs, rows, holes), self.weights.n_ubatch), "expected": self._expected,
+                "gains": gains}
         self._expected = None
         self._trace_file.write(json.dumps(line) + "\n")
         self._trace_file.flush()
@@ -487,7 +516,10 @@ def _ticker(ref: weakref.ref) -> None:
         shared = ref()
         if shared is None:
             return
-        shared._next_tick(0.5)
+        try:
+            shared._next_tick(0.5)
+        except BaseException as exc:  # the requests waiting fail with it; none waits forever
+            shared._fail_pending(exc)
         del shared
 
 

@@ -119,7 +119,10 @@ def choose_lengths(offers: Sequence[Offer], cost: TickCost, margin: float = 1.0,
     def rate(tokens: float, seconds: float) -> float:
         if seconds > limit:
             return -math.inf
-        return _rate(tokens, spent + seconds - fixed)
+        if fixed:  # the steps' own time, plus what the drafts add (a learned curve need not be
+            # monotone: rows that seem to make a prompt's tick cheaper are priced at nothing)
+            seconds = plain_s - fixed + max(0.0, seconds - plain_s)
+        return _rate(tokens, spent + seconds)
 
     best = plain = rate(tokens, plain_s)
     longest = max((o.most for o in offers), default=0)
