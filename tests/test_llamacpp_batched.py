@@ -5,6 +5,7 @@ request as it answers it alone."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -118,6 +119,40 @@ def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requ
         _concurrently(lambda i: got.__setitem__(i, _generate(batched, i)), 3)
     assert got == expected
     assert shared.taken == taken
+
+
+def test_the_tick_stretch_limit_decides_whether_a_draft_that_slows_the_others_goes_in(batched, monkeypatch):
+    # Three sequences step; one offers 8 tokens it is sure of. Any draft costs the tick a second
+    # forward (1 s on top of 1 s), so it raises the tick's expected tokens per second (3 in 1.03 s
+    # against about 10.7 in 2.11 s) while doubling the others' wait: the default limit (1.5 times
+    # the tick) leaves it out; --max-tick-stretch inf (or 3) puts all of it in.
+    from specdec.backends.llamacpp_batched import _Submission
+    from specdec.policies.goodput import Offer
+
+    shared = batched.loaded.batched
+    monkeypatch.setattr(shared, "tick_cost",
+                        lambda seqs: lambda rows: 1.0 + (max(rows) > 1) + 0.01 * sum(rows))
+
+    def tick(stretch: float) -> list[int]:
+        monkeypatch.setattr(shared, "max_stretch", stretch)
+        subs = [_Submission(seq, [7] * (9 if seq == 0 else 1), list(range(9 if seq == 0 else 1)),
+                            [[seq]] * (9 if seq == 0 else 1), [True] * (9 if seq == 0 else 1),
+                            offer=Offer.of([0.99] * 8) if seq == 0 else Offer.of([]))
+                for seq in range(3)]
+        shared._choose(subs)
+        return [sub.drafted for sub in subs]
+
+    assert tick(1.5) == [0, 0, 0]
+    assert tick(math.inf) == [8, 0, 0]
+    assert tick(3.0) == [8, 0, 0]
+
+
+def test_the_server_passes_its_tick_stretch_limit_to_the_batch():
+    model = specdec.load(MODEL, backend="llamacpp")
+    Server(model, config=ServeConfig(slots=2, max_tick_stretch=math.inf))
+    assert model.loaded.batched.max_stretch == math.inf
+    with pytest.raises(SpecdecError, match="max-tick-stretch must be >= 1"):
+        ServeConfig(max_tick_stretch=0.5).validate(lambda name: "--" + name.replace("_", "-"))
 
 
 def test_an_error_outside_a_decode_fails_its_request_and_the_ticker_goes_on(batched, monkeypatch):

@@ -70,6 +70,23 @@ def test_the_timed_requests_start_once_the_server_answers(monkeypatch, capsys):
     assert lines[1]["differ_from_first_level"] == 0 and lines[1]["compared_with_first_level"] == 16
 
 
+def test_levels_measured_by_separate_runs_compare_answers_with_one_reference(monkeypatch, capsys, tmp_path):
+    """A load test that alternates servers level by level runs each level alone: the first run
+    writes its answers to --reference, later runs compare theirs with them, and a changed answer
+    is counted."""
+    reference = tmp_path / "ref.json"
+    with serving(fake_server()) as url:
+        first, = run_main(monkeypatch, capsys, url, "--clients", "1", "--requests", "4", "--reference", str(reference))
+        assert first["differ_from_first_level"] == 0 and json.loads(reference.read_text())["0"].startswith("echo: ")
+        again, = run_main(monkeypatch, capsys, url, "--clients", "4", "--requests", "4", "--reference", str(reference))
+        assert again["differ_from_first_level"] == 0 and again["compared_with_first_level"] == 4
+        answers = json.loads(reference.read_text())
+        answers["2"] = "another answer"
+        reference.write_text(json.dumps(answers))
+        changed, = run_main(monkeypatch, capsys, url, "--clients", "2", "--requests", "4", "--reference", str(reference))
+    assert changed["differ_from_first_level"] == 1 and changed["compared_with_first_level"] == 4
+
+
 def test_a_level_with_failed_requests_gives_no_figures(monkeypatch, capsys):
     """Figures over the answered requests alone would compare servers on different work."""
     with serving(fake_server(fails=lambda n: n > 1 and n % 5 == 0)) as url:  # n = 1: the readiness check

@@ -117,6 +117,11 @@ class ServeOptions:
                                           "GPU's memory (0.3), allocated once; a request that does not fit waits "
                                           "(default: what the slots can use, at most half the memory free after "
                                           "loading)", metavar="SIZE")
+    max_tick_stretch: float = declare(1.5, "with batching on llama.cpp: no tick's drafts make it longer than this "
+                                           "many times the tick without them (every sequence in a tick waits for "
+                                           "it); higher trades the other requests' latency for tokens per second, "
+                                           "inf: the batch's best expected tokens per second alone",
+                                      at_least(1.0), metavar="X")
     shared_index: bool = declare(False, "let every client draft from every other client's outputs (the --memory "
                                         "index, SuffixDecoding's global tree); by default each API key has its own "
                                         "and a request without a key only its own text, since how fast an answer "

@@ -157,11 +157,12 @@ class LoadedModel:
         """Whether this model's backend can step several generations in one forward."""
         return self._batched_factory is not None
 
-    def enable_batching(self, slots: int, kv_memory: str | None = None) -> None:
+    def enable_batching(self, slots: int, kv_memory: str | None = None, max_tick_stretch: float | None = None) -> None:
         """Run up to ``slots`` concurrent generations' forwards as one batch (continuous batching:
-        a generation joins and leaves between steps). Each generation's draft length is then
-        planned on the marginal cost of its rows in the batch. With exact kernels batching does
-        not change any generation's tokens."""
+        a generation joins and leaves between steps). The batch chooses every generation's draft
+        length together, a tick's drafts making it at most ``max_tick_stretch`` times as long as
+        without them (where a tick's cost grows with its rows: llama.cpp). With exact kernels
+        batching does not change any generation's tokens."""
         if self._batched_factory is None:
             raise SpecdecError(f"the {self.backend_name} backend cannot batch several sequences in one forward "
                                f"here (batching runs on llama.cpp, and on transformers with --device cuda; "
@@ -170,6 +171,8 @@ class LoadedModel:
             raise SpecdecError("--kv-memory sizes the GPU server's KV pool: it needs --device cuda")
         shared = self._batched_factory(slots) if kv_memory is None else self._batched_factory(slots, kv_memory)
         shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
+        if max_tick_stretch is not None:
+            shared.max_stretch = max_tick_stretch
         self.batched = shared
         # The lowest free sequence first: llama.cpp puts only consecutive sequence ids in one slice
         # of a batch, so running sequences 0, 2, 4 cost three forwards where 0, 1, 2 cost one.

@@ -66,10 +66,11 @@ CAUTION = 1.0
 # other sequence's ticks (in the trace at 16 clients, ticks that drafted about broke even, and the
 # run took 18% longer than plain decoding's).
 MARGIN = 1.15
-# ... and no tick's drafts make it longer than this many times the tick without them: every other
-# sequence in it waits for its rows (on a CPU the extra forward a draft costs is most of a
-# one-row forward, so at 4 or more sequences a draft that raised the batch's tokens per second
-# still made the others' answers later: p95 latency 2.7 times plain decoding's at 4 clients).
+# ... and, by default, no tick's drafts make it longer than this many times the tick without them
+# (``specdec serve --max-tick-stretch``): every other sequence in it waits for its rows. On a CPU
+# the extra forward a draft costs is most of a one-row forward, so at 4 or more sequences a draft
+# that raises the batch's tokens per second still makes the others' answers later (what each
+# setting gives: docs/serving.md).
 STRETCH = 1.5
 
 
@@ -133,6 +134,7 @@ class SharedSequences:
         self.weights = weights
         self.slots = slots
         self.gather_s = gather_s
+        self.max_stretch = STRETCH  # a shared tick's drafts make it at most this many times as long
         self.n_ctx = min(weights.n_ctx, CELLS_PER_SLOT) * slots
         self.max_length = min(weights.n_ctx, CELLS_PER_SLOT)
         # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
@@ -358,7 +360,7 @@ class SharedSequences:
             lengths = [0] * len(offers)
         else:
             several = len(offers) > 1
-            lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, STRETCH if several else math.inf)
+            lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, self.max_stretch if several else math.inf)
             if self._trace_file is not None:  # what the choice expected, beside what the tick takes
                 self._expected = {"tokens": round(sum(o.gains[n] for o, n in zip(offers, lengths)), 2),
                                   "seconds": round(cost([o.rows + n for o, n in zip(offers, lengths)]), 4),
