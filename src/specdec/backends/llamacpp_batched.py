@@ -275,11 +275,14 @@ class SharedSequences:
         """End every submission waiting for a tick with ``exc`` (the ticker met an error outside
         a decode, which fails only that tick's own submissions)."""
         with self._cond:
-            for sub in self._pending:
-                sub.error, sub.done = exc, True
+            self._fail(self._pending, exc)
             self._pending.clear()
-            self._ticking = False
-            self._cond.notify_all()
+
+    def _fail(self, subs: Sequence[_Submission], exc: BaseException) -> None:
+        """End ``subs`` with ``exc``, each raised in its own request (called with the condition held)."""
+        for sub in subs:
+            sub.error, sub.done = exc, True
+        self._cond.notify_all()
 
     def _gather_until(self) -> float:
         """When the tick being gathered runs (called with the condition held). Lockstep: a tick
@@ -323,9 +326,7 @@ class SharedSequences:
         try:
             holes = self._holes([s.seq for s in chosen], [len(s.tokens) for s in chosen])
         except BaseException as exc:  # out of the pending list already: failed here, not lost
-            for sub in chosen:
-                sub.error, sub.done = exc, True
-            self._cond.notify_all()
+            self._fail(chosen, exc)
             raise
         running, opened = set(self._active), self._opened
         self._ticking = True
