@@ -17,7 +17,7 @@ from specdec.costs import BatchCosts, CostModel
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.policies.adaptive import AdaptiveK
-from specdec.policies.goodput import Offer, choose_lengths, goodput
+from specdec.policies.goodput import MAX_PAUSE, Offer, OfferPause, choose_lengths, goodput
 from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
 
@@ -169,6 +169,28 @@ def test_one_sequence_chooses_as_the_single_stream_policy_chose(seed):
     spent = rng.choice([0.0, rng.uniform(0, 2)])
     offer = Offer.of(path_probabilities(chain(len(confidence)), confidence), spent)
     assert choose_lengths([offer], lambda rows: curve.step(rows[0])) == [old_choose(curve, confidence, spent)]
+
+
+def test_offers_that_shared_ticks_keep_declining_pause_for_longer_each_time():
+    pause = OfferPause()
+
+    def steps_without(n: int) -> int:
+        """Answers n declined offers in shared ticks; the steps then taken without offering."""
+        for _ in range(n):
+            assert pause.wants_offer()
+            pause.answered(0, shared=True)
+        skipped = 0
+        while not pause.wants_offer():
+            skipped += 1
+        return skipped
+
+    assert steps_without(1) == 0  # one decline is no streak
+    assert steps_without(1) == 1  # the second in a row: a step without
+    assert [steps_without(1) for _ in range(6)] == [2, 4, 8, 16, MAX_PAUSE, MAX_PAUSE]
+    pause.answered(3, shared=True)  # an offer taken ends the streak
+    assert steps_without(1) == 0 and steps_without(1) == 1
+    pause.answered(0, shared=False)  # declined alone: the single-stream decision, no streak
+    assert steps_without(1) == 0
 
 
 def test_bad_offers_are_refused_clearly():

@@ -100,6 +100,33 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched,
     assert again == expected[:4]
 
 
+def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as_alone(alone, batched, monkeypatch):
+    # A draft row costs a shared tick a second forward that never pays (10 s on 1 s), while alone a
+    # draft costs little: shared ticks decline every offer, so after two in a row a generation
+    # steps 1, 2, 4, ... steps without drafting (no Python work the tick would wait for), and
+    # offers again when it is alone. The answers are still each one's alone.
+    import specdec.backends.llamacpp_batched as module
+
+    shared = batched.loaded.batched
+    monkeypatch.setattr(shared, "tick_cost",
+                        lambda seqs: lambda rows: 1.0 + 10.0 * (len(seqs) > 1 and max(rows) > 1) + 0.01 * sum(rows))
+    prompts = [PROMPTS[i] for i in (1, 4, 6)]
+
+    def ngram(model, prompt: str) -> list[int]:
+        return model.generate(prompt, chat=True, max_new_tokens=40, drafter="ngram").token_ids
+
+    expected = [ngram(alone, p) for p in prompts]
+    got: list = [None] * 3
+    paused, offered = shared.paused, shared.offered
+    seen: list[bool] = []
+    wants = module.SequenceBackend.wants_offer
+    monkeypatch.setattr(module.SequenceBackend, "wants_offer", lambda self: seen.append(wants(self)) or seen[-1])
+    _concurrently(lambda i: got.__setitem__(i, ngram(batched, prompts[i])), 3)
+    assert got == expected
+    assert shared.paused - paused == seen.count(False) > 0
+    assert shared.offered > offered  # offers were made, and declined, before the pauses
+
+
 def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requests(alone, batched, monkeypatch):
     # The batch's choice raising (a bug, a cost curve gone wrong) must not stop the ticker with
     # requests waiting on it forever: each tick it fails verifies no drafts, and the answers are

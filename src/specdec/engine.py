@@ -208,6 +208,8 @@ class DecodeRun:
     def _draft(self, tokens: list[int], remaining: int) -> tuple[Draft, Offer | None]:
         """The draft to verify, and, where the target's batch chooses the draft lengths of all its
         sequences together, the policy's offer of it (the draft uncut); else the policy's cut."""
+        if self.target.chooses_lengths and not self.target.wants_offer():
+            return Draft([]), None
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
         # The policy weighs what a drafted token costs here (the drafter's price) against what
         # verification saves.

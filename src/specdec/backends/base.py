@@ -75,6 +75,13 @@ class Backend(ABC):
         everything offered."""
         return self.extend(tokens)
 
+    def wants_offer(self) -> bool:
+        """Whether the next step should draft and offer at all (asked once a step, before the
+        drafter runs, where :attr:`chooses_lengths` is set): a batch that keeps declining a
+        sequence's offers may pause them, since drafting and pricing a chain is work every other
+        sequence in the tick waits for. This default always wants one."""
+        return True
+
     def reset(self) -> None:
         """Forget the whole sequence."""
         self.truncate(0)

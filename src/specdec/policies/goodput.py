@@ -191,3 +191,39 @@ def _rate(tokens: float, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"a tick must cost some time, the cost gave {seconds}")
     return tokens / seconds
+
+
+PAUSE_AFTER = 2  # offers declined in a row, in ticks shared with others, before a pause
+MAX_PAUSE = 16  # the longest pause, in steps
+
+
+@dataclass
+class OfferPause:
+    """When a sequence stops offering drafts to a batch that keeps declining them.
+
+    Drafting and pricing a chain is work every other sequence in a lockstep tick waits for (on a
+    CPU, Python between the ticks, serialized by the GIL): at load, a sequence whose offers the
+    batch will not take must step as cheaply as plain decoding. After :data:`PAUSE_AFTER` offers
+    in a row that shared ticks declined, it takes 1, 2, 4, ... up to :data:`MAX_PAUSE` steps
+    without drafting; an offer taken (or declined alone, which is the single-stream decision)
+    ends the streak.
+    """
+
+    declined: int = 0  # offers declined in a row by shared ticks
+    left: int = 0  # steps still to take without offering
+
+    def wants_offer(self) -> bool:
+        """Whether this step drafts and offers (a paused one counts down)."""
+        if self.left > 0:
+            self.left -= 1
+            return False
+        return True
+
+    def answered(self, taken: int, shared: bool) -> None:
+        """The batch verified ``taken`` of an offer's nodes, in a tick ``shared`` with others."""
+        if taken == 0 and shared:
+            self.declined += 1
+            if self.declined >= PAUSE_AFTER:
+                self.left = min(MAX_PAUSE, 2 ** (self.declined - PAUSE_AFTER))
+        else:
+            self.declined = 0
