@@ -73,8 +73,8 @@ def extra_buffer_types() -> list[str]:
 
 
 def has_amx() -> bool:
-    """Whether this library's CPU backend has AMX's buffer type (a CPU with AMX, and a build with
-    its tile kernels: make setup leaves them out)."""
+    """Whether this library's CPU backend has AMX's buffer type (a CPU with AMX, which make setup's
+    build then compiles its kernels for)."""
     return "AMX" in extra_buffer_types()
 
 
@@ -251,10 +251,14 @@ def test_exact_weights_take_full_micro_batches_where_the_self_test_passes():
 @patched
 def test_the_library_names_its_kernel_generation_in_the_cost_curve_key(shared_model):
     """A cost curve measured on one generation of the patch prices rows wrongly on the next (the
-    multi-row Q4_K GEMV makes 2-8 rows far cheaper), so the cached curve's key names it."""
+    multi-row Q4_K GEMV makes 2-8 rows far cheaper; on a CPU with AMX, the multi-row VNNI kernels
+    2-4 rows), so the cached curve's key names it, and whether the weights are in AMX buffers."""
     from specdec.backends.llamacpp_lib import kernel_generation
 
-    # make setup builds the patch this checkout carries: its generation is the newest
-    assert kernel_generation() == 2, "the installed llama.cpp predates the multi-row Q4_K GEMV: run make setup"
+    # make setup builds the patch this checkout carries: its generation is the newest this CPU
+    # compiles (the AMX kernels only where the CPU has AMX)
+    newest = 3 if has_amx() else 2
+    assert kernel_generation() == newest, "the installed llama.cpp predates this checkout's patches: run make setup"
     model = shared_model("smollm2-135m")
-    assert "-rows-gen2" in model.loaded.cost_key
+    assert f"-rows-gen{newest}" in model.loaded.cost_key
+    assert ("-amx" in model.loaded.cost_key) == has_amx()  # SmolLM2's Q4_1/Q8_0: AMX takes them

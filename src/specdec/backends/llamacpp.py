@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from specdec.backends.llamacpp_batched import SharedSequences
 from specdec.backends.llamacpp_kernels import EXACT, FAST, Kernels, choose_kernels
-from specdec.backends.llamacpp_lib import has_llamafile, kernel_generation
+from specdec.backends.llamacpp_lib import AMX_BUFFER, has_llamafile, kernel_generation
 from specdec.backends.llamacpp_sequence import LlamaCppBackend
 from specdec.backends.llamacpp_weights import LlamaCppWeights, load_llamacpp
 from specdec.errors import SpecdecError
@@ -35,9 +35,10 @@ def _load(request: LoadRequest) -> LoadedWeights:
                             n_threads=request.options.threads)
     forget = weights.prompts.clear if weights.prompts is not None else None
     # The cost curve is measured per kernel setting and library: specdec's multi-row kernels (each
-    # generation of them) and capped micro-batches price rows differently.
+    # generation of them), AMX's tiles and capped micro-batches price rows differently.
     generation = kernel_generation()
     rows = ("-rows" if weights.exact and generation else "") + (f"-gen{generation}" if generation > 1 else "")
+    rows += "-amx" if AMX_BUFFER in weights.buffers else ""
     capped = f"-ubatch{weights.n_ubatch}" if weights.n_ubatch < weights.n_batch else ""
     return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}{rows}{capped}",
                          exact=weights.exact, batched=lambda slots: SharedSequences(weights, slots),
