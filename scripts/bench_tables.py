@@ -167,7 +167,7 @@ KERNEL_SETTINGS = {
     "capped": "exact capped at 3 rows a micro-batch (`SPECDEC_MULTIROW=0`)",
     "stock": "exact on a stock build without llamafile (capped)",
     "stock-fast": "the llama.cpp users get (`make llama-peers`: llamafile on), its own kernels",
-    "previous": "exact, the patch's first version",
+    "previous": "exact, the earlier build of `--previous-lib` (the command above)",
 }
 
 

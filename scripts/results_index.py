@@ -66,6 +66,9 @@ FOLDERS: dict[str, tuple[str, str]] = {
     "qwen-kernels-stock": ("an exact forward of k rows against the llama.cpp users get (make llama-peers, "
                            "llamafile on) and the same build's fast kernels, in one run (scripts/kernel_costs.py)",
                            "Exact vs fast"),
+    "amx-kernels": ("an exact forward of k rows with AMX buffers (tiles, and the multi-row VNNI kernels for 2-4 rows) "
+                    "against the same patch's build without AMX and the llama.cpp users get (scripts/kernel_costs.py)",
+                    "Exact vs fast"),
     "qwen-kernels-gen2-avx2": ("the same with an AVX2-only build of the same source",
                                "Exact vs fast"),
     "q4k-gemv-rows": ("the multi-row Q4_K GEMV against ggml's GEMV and GEMM, a C microbenchmark",

@@ -224,6 +224,6 @@ class OfferPause:
         if taken == 0 and shared:
             self.declined += 1
             if self.declined >= PAUSE_AFTER:
-                self.left = min(MAX_PAUSE, 2 ** (self.declined - PAUSE_AFTER))
+                self.left = min(MAX_PAUSE, 2 ** min(self.declined - PAUSE_AFTER, MAX_PAUSE.bit_length()))
         else:
             self.declined = 0
