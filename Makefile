@@ -36,10 +36,11 @@ LLAMA_PATCHES    := $(sort $(wildcard patches/llama.cpp/*.patch))
 LLAMA_AMX_FIX    := patches/llama.cpp/ggml-amx-tile-config.patch
 # On a CPU with AMX (Intel Sapphire Rapids and later) llama.cpp puts the weights of the types it has
 # tile kernels for (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS, F16) in AMX buffers: one row runs its
-# VNNI kernel, two or more its tiles, whose integer sums are exact and whose float steps are the
-# VNNI kernel's, so a row has the same bits in a batch as alone. The self-test runs the AMX buffer
-# too and decides at load (a type whose tiles differ would take one row a micro-batch). A 16-row
-# forward of Qwen2.5-Coder-1.5B costs about 0.65x the multi-row GEMV's there (the record:
+# VNNI kernel, more rows its tiles (2-4 rows of Q4_K and Q6_K the VNNI kernel's multi-row form,
+# patches/llama.cpp/specdec-amx-vnni-rows.patch), whose integer sums are exact and whose float steps
+# are the VNNI kernel's, so a row has the same bits in a batch as alone. The self-test runs the AMX
+# buffer too and decides at load (a type whose tiles differ would take one row a micro-batch). A
+# 16-row forward of Qwen2.5-Coder-1.5B costs about 0.6x the multi-row GEMV's there (the record:
 # bench-results/amx-kernels); CPUs without AMX build as before.
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # The versions the tests run on (the package itself takes ranges: pyproject.toml). torch 2.13.0 is
