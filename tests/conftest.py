@@ -99,9 +99,10 @@ def pytest_collection_modifyitems(session, config, items):
     torch's bf16 matmuls (test_real_models' bf16 drafter) use AMX tiles on CPUs that have them and
     release them after, while ggml configures its tiles once per thread (``ggml_tile_config_init``'s
     thread-local flag), so a llama.cpp forward on AMX weights after them on the same thread raises
-    SIGILL (a llama.cpp built with AMX's tile kernels, as the stock one is; make setup's leaves them
-    out). Alphabetical order has no llama.cpp module after test_real_models; a worker taking modules
-    in another order must not have one either."""
+    SIGILL in the stock library (make setup's loads the configuration for every tiled matmul:
+    tests/test_llamacpp_selftest.py); the order keeps a stock build's run whole. Alphabetical order
+    has no llama.cpp module after test_real_models; a worker taking modules in another order must
+    not have one either."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     modules: dict[str, list] = {}

@@ -262,3 +262,20 @@ def test_the_library_names_its_kernel_generation_in_the_cost_curve_key(shared_mo
     model = shared_model("smollm2-135m")
     assert f"-rows-gen{newest}" in model.loaded.cost_key
     assert ("-amx" in model.loaded.cost_key) == has_amx()  # SmolLM2's Q4_1/Q8_0: AMX takes them
+
+
+@pytest.mark.skipif(not has_amx(), reason="no AMX buffer type here (a CPU without AMX)")
+def test_a_forward_on_amx_tiles_after_pytorchs_own_amx_kernels_on_the_same_thread():
+    """PyTorch's oneDNN releases the AMX tiles after a bfloat16 matmul; ggml configured them once
+    per thread, so its next tiled matmul on that thread raised SIGILL (a drafter on transformers in
+    bfloat16 beside a llama.cpp target). The patched ggml loads the configuration for every tiled
+    matmul. In a subprocess: a crash must fail this test, not end the run."""
+    code = ("import torch, specdec\n"
+            "model = specdec.load('smollm2-135m', backend='llamacpp')\n"
+            "prompt = 'Tell me about the sea, the sky and the mountains'\n"
+            "first = model.generate(prompt, max_new_tokens=4, drafter='none').token_ids\n"
+            "a = torch.randn(256, 256, dtype=torch.bfloat16)\n"
+            "(a @ a).sum().item()\n"
+            "assert model.generate(prompt, max_new_tokens=4, drafter='none').token_ids == first\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
