@@ -197,6 +197,11 @@ class SharedSequences:
         with self._cond:
             self._free.append(slot)
 
+    def count_paused(self) -> None:
+        """A sequence steps without an offer, paused (the counter; request threads call it at once)."""
+        with self._cond:
+            self.paused += 1
+
     def others(self, slot: int) -> int:
         """Rows the other running sequences put in the last tick (each at least one)."""
         with self._cond:
@@ -555,8 +560,7 @@ class SequenceBackend(LlamaCppSequence):
         """No offer while paused (:class:`~specdec.policies.goodput.OfferPause`)."""
         if self._pause.wants_offer():
             return True
-        with self.shared._cond:
-            self.shared.paused += 1
+        self.shared.count_paused()
         return False
 
     def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
