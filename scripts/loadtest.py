@@ -23,6 +23,9 @@ level where any request still failed reports how many and why, and no figures
 Where the server counts its batch's ticks on ``/metrics`` (``specdec serve`` with batching), each
 level also reports what its ticks held (:func:`tick_figures`): sequences, draft rows and accepted
 draft tokens per tick, ticks per generated token, and the share of ticks that verified no draft.
+
+Each level's line keeps its requests' latencies and tokens, so that several passes of the same
+levels merge into one line per server and level (``--merge FILE``, :func:`merge_passes`).
 """
 
 from __future__ import annotations
@@ -98,7 +101,11 @@ class LoadReport:
         return {**line, "p50_s": round(self.percentile(0.5), 3), "p95_s": round(self.percentile(0.95), 3),
                 "ttft_p50_s": round(self.percentile(0.5, True), 3),
                 "ttft_p95_s": round(self.percentile(0.95, True), 3),
-                "tokens_per_s": round(self.tokens_per_s, 2)}
+                "tokens_per_s": round(self.tokens_per_s, 2),
+                # What another pass of the same level merges with (merge_passes)
+                "tokens": sum(r.tokens for r in self.results),
+                "latencies_s": [round(r.latency_s, 3) for r in self.results],
+                "ttfts_s": [round(r.first_s, 3) for r in self.results if r.first_s is not None]}
 
     def texts(self) -> dict[int, str]:
         return {i: r.text for i, r in self.indexed.items() if r.status == 200}
@@ -240,10 +247,63 @@ def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None
     if d["ticks"] <= 0:
         return {}
     ticks = d["ticks"]
-    return {"ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
+    return {"counts": {key: int(value) for key, value in d.items()}, "ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
             "drafted_per_tick": round(d["drafted"] / ticks, 2), "accepted_per_tick": round(d["accepted"] / ticks, 2),
             "ticks_per_token": round(ticks / d["generated"], 3) if d["generated"] > 0 else None,
             "no_draft_share": round(1 - d["drafting"] / ticks, 3)}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The load report's percentile (:meth:`LoadReport.percentile`) of ``values``."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def merge_passes(lines: list[dict]) -> list[dict]:
+    """One line per server and level from several passes of the same levels (``loadtest_servers.sh``
+    with ``PASSES``, the servers' order reversed from one pass to the next, so a machine that
+    drifts over a level weighs on every server alike): tokens/s over all the passes' tokens and
+    seconds, latency percentiles over all their requests, tick figures over all their ticks, and
+    each pass's tokens/s and p95 beside them. A level where any pass failed a request has no
+    figures. Lines that are no level's (the run's header) pass through, in place."""
+    groups: dict[tuple, list[dict]] = {}
+    out: list[dict | tuple] = []
+    for line in lines:
+        if "clients" not in line or "server" not in line:
+            out.append(line)
+            continue
+        key = (line["server"], line["clients"])
+        if key not in groups:
+            groups[key] = []
+            out.append(key)
+        groups[key].append(line)
+    return [item if isinstance(item, dict) else _merged(groups[item]) for item in out]
+
+
+def _merged(passes: list[dict]) -> dict:
+    if len(passes) == 1:
+        return passes[0]
+    first = passes[0]
+    line = {"server": first["server"], "clients": first["clients"], "passes": len(passes)}
+    for key in ("requests", "answered", "failures", "retried", "differ_from_first_level", "compared_with_first_level"):
+        line[key] = sum(p.get(key, 0) for p in passes)
+    line["wall_s"] = round(sum(p["wall_s"] for p in passes), 2)
+    if any(p.get("figures", ...) is None or "latencies_s" not in p for p in passes):
+        errors = sorted({e for p in passes for e in p.get("errors", [])})[:5]
+        return {**line, "figures": None, "errors": errors or ["a pass without per-request figures"]}
+    latencies = [v for p in passes for v in p["latencies_s"]]
+    ttfts = [v for p in passes for v in p["ttfts_s"]]
+    tokens = sum(p["tokens"] for p in passes)
+    line.update({"p50_s": _percentile(latencies, 0.5), "p95_s": _percentile(latencies, 0.95),
+                 "ttft_p50_s": _percentile(ttfts, 0.5), "ttft_p95_s": _percentile(ttfts, 0.95),
+                 "tokens_per_s": round(tokens / line["wall_s"], 2) if line["wall_s"] > 0 else 0.0,
+                 "tokens": tokens, "latencies_s": latencies, "ttfts_s": ttfts,
+                 "tokens_per_s_by_pass": [p["tokens_per_s"] for p in passes],
+                 "p95_s_by_pass": [p["p95_s"] for p in passes]})
+    if all("counts" in p for p in passes):
+        counts = {key: sum(p["counts"][key] for p in passes) for key in TICK_COUNTERS}
+        line.update(tick_figures({key: 0.0 for key in TICK_COUNTERS}, {k: float(v) for k, v in counts.items()}))
+    return line
 
 
 class NotReady(Exception):
@@ -336,7 +396,15 @@ def main() -> None:
     parser.add_argument("--api-key", default=None,
                         help="every client sends this key (one tenant: they share its index of earlier outputs; "
                              "default: none, each request drafts from its own text alone)")
+    parser.add_argument("--merge", default=None, metavar="FILE",
+                        help="print FILE's load-test lines merged, one per server and level (merge_passes), and exit")
     args = parser.parse_args()
+    if args.merge:
+        with open(args.merge, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        for line in merge_passes(lines):
+            print(json.dumps(line))
+        return
     try:
         model = wait_ready(args.url, args.model, timeout=args.ready_timeout, api_key=args.api_key)
     except NotReady as exc:

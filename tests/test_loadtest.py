@@ -183,6 +183,7 @@ def test_a_level_reports_what_its_ticks_held_from_the_servers_counters():
     before = {"ticks": 100, "sequences": 400, "drafted": 50, "drafting": 20, "accepted": 30, "generated": 500}
     after = {"ticks": 300, "sequences": 1900, "drafted": 250, "drafting": 70, "accepted": 130, "generated": 2100}
     assert loadtest.tick_figures(before, after) == {
+        "counts": {"ticks": 200, "sequences": 1500, "drafted": 200, "drafting": 50, "accepted": 100, "generated": 1600},
         "ticks": 200, "sequences_per_tick": 7.5, "drafted_per_tick": 1.0, "accepted_per_tick": 0.5,
         "ticks_per_token": 0.125, "no_draft_share": 0.75}
     assert loadtest.tick_figures(None, after) == {} and loadtest.tick_figures(before, before) == {}
@@ -217,3 +218,52 @@ def test_a_specdec_server_reports_its_ticks_per_level(monkeypatch, capsys):
     with serving(fake_server()) as url:  # no /metrics: no tick figures, the rest as ever
         line, = run_main(monkeypatch, capsys, url, "--clients", "1", "--requests", "2")
     assert "ticks" not in line and line["answered"] == 2
+
+
+def _pass(server: str, tokens: int, wall: float, latencies: list[float], ticks: int | None = None) -> dict:
+    line = {"server": server, "clients": 4, "requests": len(latencies), "answered": len(latencies), "failures": 0,
+            "retried": 0, "wall_s": wall, "tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
+            "latencies_s": latencies, "ttfts_s": [v / 10 for v in latencies], "p95_s": max(latencies),
+            "differ_from_first_level": 0, "compared_with_first_level": len(latencies)}
+    if ticks is not None:
+        line["counts"] = {"ticks": ticks, "sequences": 4 * ticks, "drafted": ticks, "drafting": ticks // 2,
+                          "accepted": ticks // 2, "generated": 2 * ticks}
+    return line
+
+
+def test_passes_of_a_level_merge_into_one_line_over_all_their_requests():
+    """Two passes of a level (the servers' order reversed between them): tokens/s over both
+    passes' tokens and seconds, not the mean of two rates; percentiles over both passes'
+    requests; tick figures over both passes' ticks; each pass's own figures kept beside."""
+    header = {"run": "scripts/loadtest_servers.sh", "passes": 2}
+    lines = [header, _pass("a", 100, 10.0, [1.0, 2.0, 3.0, 4.0], ticks=50), _pass("b", 90, 10.0, [1.5] * 4),
+             _pass("b", 90, 9.0, [1.0] * 4), _pass("a", 100, 40.0, [5.0, 6.0, 7.0, 8.0], ticks=150)]
+    merged = loadtest.merge_passes(lines)
+    assert merged[0] == header and [(m["server"], m["passes"]) for m in merged[1:]] == [("a", 2), ("b", 2)]
+    a = merged[1]
+    assert a["tokens_per_s"] == 4.0 and a["wall_s"] == 50.0 and a["requests"] == 8 and a["answered"] == 8
+    assert a["tokens_per_s_by_pass"] == [10.0, 2.5] and a["p95_s_by_pass"] == [4.0, 8.0]
+    # Nearest rank over the 8 requests, as one pass of 8 would give.
+    assert a["p50_s"] == 5.0 and a["p95_s"] == 8.0 and a["ttft_p50_s"] == 0.5
+    assert a["ticks"] == 200 and a["sequences_per_tick"] == 4.0 and a["ticks_per_token"] == 0.5
+    assert "ticks" not in merged[2]  # a server without counters has no tick figures
+    # One pass alone stays as it was.
+    assert loadtest.merge_passes([lines[1]]) == [lines[1]]
+
+
+def test_a_level_with_a_failed_pass_has_no_merged_figures():
+    failed = {"server": "a", "clients": 4, "requests": 4, "answered": 3, "failures": 1, "retried": 0, "wall_s": 9.0,
+              "figures": None, "errors": ["0: ReadTimeout"]}
+    merged, = loadtest.merge_passes([_pass("a", 100, 10.0, [1.0] * 4), failed])
+    assert merged["figures"] is None and merged["failures"] == 1 and merged["errors"] == ["0: ReadTimeout"]
+    assert "tokens_per_s" not in merged
+
+
+def test_the_merge_command_prints_one_line_per_server_and_level(tmp_path, monkeypatch, capsys):
+    raw = tmp_path / "results-passes.jsonl"
+    raw.write_text("\n".join(json.dumps(line) for line in
+                             [{"run": "x"}, _pass("a", 100, 10.0, [1.0] * 4), _pass("a", 50, 10.0, [2.0] * 4)]) + "\n")
+    monkeypatch.setattr(sys, "argv", ["loadtest", "--merge", str(raw)])
+    loadtest.main()
+    header, a = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert header == {"run": "x"} and a["tokens_per_s"] == 7.5 and a["passes"] == 2
