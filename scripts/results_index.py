@@ -113,6 +113,8 @@ FOLDERS: dict[str, tuple[str, str]] = {
                       "Serving"),
     "loadtest-qwen-heldout": ("the same load test on held-out prompts (bench-results/heldout-inputs)",
                               "Serving"),
+    "tick-costs": ("what a shared tick costs by its layout: drafts beside other sequences' steps "
+                   "(scripts/tick_costs.py)", "Serving"),
     "loadtest-index": ("serving clients that ask about the same files: the per-key index of earlier answers",
                        "Serving"),
     "loadtest": ("`specdec serve` against vLLM on CPU under load (SmolLM2-135M)",
@@ -126,7 +128,7 @@ FOLDERS: dict[str, tuple[str, str]] = {
 # from before results.json recorded its command (all on the shipped Spec-Bench set).
 PROMPTS = {
     "policy-ablation": "tuning; timed: held-out", "heldout-inputs": HELDOUT, "gpu-check": TUNING,
-    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
+    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "tick-costs": "random tokens", "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
     "replay-ceilings": TUNING, "replay-repair": TUNING,
     **{name: TUNING for name in ("trees-hf-fp32-switch", "trees-llamacpp-switch", "staged-smollm2-llamacpp",
                                  "vocab-gemma-smol", "vocab-gemma-smol-lcpp", "vocab-smol-gemma",
