@@ -53,6 +53,12 @@ class Result:
     first_s: float | None = None  # time to the first streamed text
 
 
+def _percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by nearest rank (NaN for none)."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
 @dataclass
 class LoadReport:
     clients: int
@@ -73,11 +79,8 @@ class LoadReport:
         return self.requests - self.answered
 
     def percentile(self, q: float, first: bool = False) -> float:
-        values = sorted((r.first_s if first else r.latency_s) for r in self.results
-                        if r.status == 200 and (r.first_s is not None or not first))
-        if not values:
-            return float("nan")
-        return values[min(len(values) - 1, int(q * len(values)))]
+        return _percentile([(r.first_s if first else r.latency_s) for r in self.results
+                            if r.status == 200 and (r.first_s is not None or not first)], q)
 
     @property
     def tokens_per_s(self) -> float:
@@ -247,16 +250,11 @@ def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None
     if d["ticks"] <= 0:
         return {}
     ticks = d["ticks"]
-    return {"counts": {key: int(value) for key, value in d.items()}, "ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
+    return {"counts": {key: int(value) for key, value in d.items()},
+            "ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
             "drafted_per_tick": round(d["drafted"] / ticks, 2), "accepted_per_tick": round(d["accepted"] / ticks, 2),
             "ticks_per_token": round(ticks / d["generated"], 3) if d["generated"] > 0 else None,
             "no_draft_share": round(1 - d["drafting"] / ticks, 3)}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """The load report's percentile (:meth:`LoadReport.percentile`) of ``values``."""
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def merge_passes(lines: list[dict]) -> list[dict]:
@@ -302,7 +300,7 @@ def _merged(passes: list[dict]) -> dict:
                  "p95_s_by_pass": [p["p95_s"] for p in passes]})
     if all("counts" in p for p in passes):
         counts = {key: sum(p["counts"][key] for p in passes) for key in TICK_COUNTERS}
-        line.update(tick_figures({key: 0.0 for key in TICK_COUNTERS}, {k: float(v) for k, v in counts.items()}))
+        line.update(tick_figures(dict.fromkeys(TICK_COUNTERS, 0), counts))
     return line
 
 
