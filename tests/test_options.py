@@ -160,6 +160,19 @@ def test_equal_options_compare_equal_before_any_drafter_is_imported(tmp_path):
     assert out.stdout.split() == ["True", "True", "{}"], out.stdout + out.stderr
 
 
+def test_a_fresh_process_knows_every_option_before_anything_is_imported():
+    """The options a feature registers when its module is imported (the n-gram memory's
+    ``--memory``, imported by the n-gram drafters) are there in a process that imported nothing
+    else first, as in ``specdec generate`` run from a shell."""
+    import subprocess
+    import sys
+
+    script = "from specdec.options import all_options\nprint(' '.join(sorted(o.name for o in all_options())))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "memory" in out.stdout.split()
+    assert out.stdout.split() == sorted(o.name for o in options.all_options()), out.stderr
+
+
 # -- one request, four front ends -------------------------------------------------------------------
 REQUEST = dict(drafter="recycle", num_draft=3, policy="fixed", tree=True, verify="rejection", temperature=0.5,
                top_k=5, top_p=0.9, seed=3)

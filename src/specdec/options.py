@@ -383,8 +383,9 @@ def declared() -> dict[str, Option]:
     the first of them."""
     from specdec.registry import DRAFTERS
 
+    entries = list(DRAFTERS)  # first: importing the drafters' modules registers the features they use
     found = dict(_FEATURES)
-    for entry in DRAFTERS:
+    for entry in entries:
         for option in entry.options:
             seen = found.get(option.name)
             if seen is not None and replace(seen, owner=None) == replace(option, owner=None):
