@@ -106,6 +106,7 @@ def record(log: dict, out: Path) -> dict:
         "machine": log.get("machine"), "commit": log.get("commit"), "date": log.get("date"),
         "total_s": round(total_s(log), 1), "setup_s": round(setup_s(log), 1), "suite_s": round(log["wall_s"], 1),
         "budget_s": BUDGET_S, "workers": log.get("workers", 1), "tests": len(log["tests"]), "outcomes": log["outcomes"],
+        "failed_tests": log.get("failed", []),
         "files_s": {name: round(s, 1) for name, s in files.items()},
         "slowest_tests_s": {name: round(s, 1) for name, s in slowest(log)},
         "slowest_setups_s": {name: round(s, 1) for name, s in slowest(log, "setup", 10)},

@@ -269,7 +269,8 @@ def pytest_sessionfinish(session, exitstatus):
            "machine": machine_tag(), "full_run": _full_run(session), "workers": _parallel_workers(session.config),
            "exitstatus": int(exitstatus), "make_start": float(make_start) if make_start else None,
            "started": _SESSION.get("started", finished), "finished": finished,
-           "wall_s": finished - float(_SESSION.get("started", finished)), "outcomes": outcomes, "tests": _TIMES}
+           "wall_s": finished - float(_SESSION.get("started", finished)), "outcomes": outcomes,
+           "failed": sorted(n for n, v in _OUTCOMES.items() if v == "failed"), "tests": _TIMES}
     path = Path(os.environ.get("SPECDEC_TEST_LOG", root / ".build" / "test-times.json"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
