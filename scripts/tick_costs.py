@@ -23,11 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-# "NxR": N sequences (ids 0, 1, ...) of R rows each; "+k": the first of them has k draft rows more.
+# "NxR": N sequences (ids 0, 1, ...) of R rows each; "+k": the first of them has k draft rows more
+# ("+4x3": the first four, 3 each).
 LAYOUTS = {
     "1x1": [1], "1x1+3": [4],
     "4x1": [1] * 4, "4x2": [2] * 4, "4x4": [4] * 4, "4x1+3": [4, 1, 1, 1],
-    "8x1": [1] * 8, "8x2": [2] * 8, "8x1+1": [2] + [1] * 7, "8x1+3": [4] + [1] * 7,
+    "8x1": [1] * 8, "8x2": [2] * 8, "8x1+1": [2] + [1] * 7, "8x1+3": [4] + [1] * 7, "8x1+4x3": [4] * 4 + [1] * 4,
     "16x1": [1] * 16, "16x2": [2] * 16,
 }
 
@@ -38,6 +39,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=700, help="cells each sequence holds before the tick")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None, help="a folder for results.json")
+    parser.add_argument("--unified", action="store_true",
+                        help="one KV cache for all sequences instead of a stream each: llama.cpp then "
+                             "computes any layout in one forward, and each row's attention scans every "
+                             "sequence's cells (what unequal rows would cost there; specdec's batching "
+                             "keeps a stream per sequence, whose cells stay in position order)")
     args = parser.parse_args()
 
     import specdec
@@ -48,6 +54,9 @@ def main() -> None:
     model = specdec.load(args.model, backend="llamacpp")
     model.loaded.enable_batching(16)
     shared = model.loaded.batched
+    if args.unified:
+        shared.layout = (shared.layout[0], shared.layout[1], True)
+        shared.ctx = shared.weights.context(shared.layout)
     backends = [shared.backend() for _ in range(16)]
     rng = random.Random(0)
     for backend in backends:
@@ -83,7 +92,10 @@ def main() -> None:
         "ms": ms,
         # each layout's tick over the tick of the same sequences' one-row steps
         "over_plain_tick": {name: round(ms[name] / plain[len(rows)], 2) for name, rows in LAYOUTS.items()},
-        "forwards": {name: forwards(list(range(len(rows))), rows, shared.weights.n_ubatch)
+        "kv": "unified" if args.unified else "a stream per sequence",
+        # split_simple (unified) takes n_ubatch rows a forward, whatever their sequences
+        "forwards": {name: ([(sum(rows), len(rows))] if args.unified and sum(rows) <= shared.weights.n_ubatch
+                            else forwards(list(range(len(rows))), rows, shared.weights.n_ubatch))
                      for name, rows in LAYOUTS.items()},
     }
     text = json.dumps(results, indent=1)
