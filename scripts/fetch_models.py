@@ -24,10 +24,10 @@ MODELS = {"smollm2-135m": True, "gemma3-270m": True, "qwen2.5-coder-1.5b": False
 
 
 def download(name: str) -> str:
-    from specdec.models import download
+    from specdec import models
 
     start = time.time()
-    download(name)
+    models.download(name)
     return f"{name}: {time.time() - start:.0f} s"
 
 

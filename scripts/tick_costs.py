@@ -54,7 +54,8 @@ def main() -> None:
     model = specdec.load(args.model, backend="llamacpp")
     model.loaded.enable_batching(16)
     shared = model.loaded.batched
-    if args.unified:
+    if args.unified:  # the same sequences on another context (the streams' one freed: its KV cache is large)
+        lib().llama_free(shared.ctx)
         shared.layout = (shared.layout[0], shared.layout[1], True)
         shared.ctx = shared.weights.context(shared.layout)
     backends = [shared.backend() for _ in range(16)]

@@ -141,7 +141,7 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
     report = report or _stderr_reporter
     if name in ALIASES:
         src = ALIASES[name]
-        home = cache_root() / "models" / name
+        home = _alias_home(name)
         gguf = home / "model.gguf"
         if not (need_hf and _is_hf_dir(home / "hf")):
             download(name, report)
@@ -173,10 +173,15 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
                        "a path to a .gguf file, or a transformers model folder")
 
 
+def _alias_home(alias: str) -> Path:
+    """The cache folder of model ``alias``: its GGUF, tokenizer and transformers folders."""
+    return cache_root() / "models" / alias
+
+
 def download(alias: str, report: Reporter | None = None) -> Path:
     """The GGUF of model ``alias`` in the cache, downloaded first if it is not there. Needs only
     the standard library and pip (no PyTorch: `make setup` runs it with the system's Python)."""
-    gguf = cache_root() / "models" / alias / "model.gguf"
+    gguf = _alias_home(alias) / "model.gguf"
     if not gguf.exists():
         fetch_gguf(ALIASES[alias], gguf, report or _stderr_reporter)
     return gguf
