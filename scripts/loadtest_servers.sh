@@ -3,7 +3,7 @@
 # Spec-Bench questions in turn, $MAX_TOKENS new tokens, streamed) at 1/4/8/16 concurrent clients
 # against, on the same machine and the same GGUFs:
 #   specdec serve with its default drafter (the n-gram index),
-#   the same with --max-tick-stretch inf (drafts chosen for the batch's tokens per second alone),
+#   the same with --max-delay-share inf (drafts chosen for the batch's tokens per second alone),
 #   specdec serve with the model's default draft model (both models' forwards batched),
 #   specdec serve without drafting (plain decoding, batched),
 #   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
@@ -94,7 +94,7 @@ measure() {  # every level on every server started, the servers' order reversed 
 CTX=$((SLOTS * 2048))
 run 8100 specdec .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port 8100
 run 8107 specdec-throughput .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --slots "$SLOTS" --port 8107 \
-    --max-tick-stretch inf
+    --max-delay-share inf
 run 8101 specdec-pair .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter model --slots "$SLOTS" --port 8101
 run 8102 specdec-plain .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" --port 8102
 run 8103 llama-server-plain "$LLAMA_BIN/llama-server" --model "$GGUF" --host 127.0.0.1 --port 8103 -c "$CTX" \

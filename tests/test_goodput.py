@@ -17,7 +17,7 @@ from specdec.costs import BatchCosts, CostModel
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.policies.adaptive import AdaptiveK
-from specdec.policies.goodput import MAX_PAUSE, Offer, OfferPause, choose_lengths, goodput
+from specdec.policies.goodput import MAX_PAUSE, DelayBudget, Offer, OfferPause, choose_lengths, goodput
 from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
 
@@ -191,6 +191,77 @@ def test_offers_that_shared_ticks_keep_declining_pause_for_longer_each_time():
     assert steps_without(1) == 0 and steps_without(1) == 1
     pause.answered(0, shared=False)  # declined alone: the single-stream decision, no streak
     assert steps_without(1) == 0
+
+
+def test_a_sequence_is_delayed_by_others_drafts_at_most_its_share_of_its_ticks_plus_the_grant():
+    # Three sequences; 0 starts with the grant (0.1 * 10 ticks = 1 tick of delay), 1 and 2 had
+    # banked less or more. A tick may stretch by what the poorest of them has left; those that
+    # drafted nothing pay the stretch, the one that drafted does not; everyone banks 0.1 a tick.
+    budget = DelayBudget(share=0.1, grant=10)
+    for seq in (0, 1, 2):
+        budget.start(seq)
+    budget.left[1], budget.left[2] = 0.5, 3.0
+    assert budget.stretch([0, 1, 2]) == pytest.approx(1.5)
+    assert budget.stretch([0, 2]) == pytest.approx(2.0)
+    assert budget.stretch([9]) == 1.0  # a sequence never started may not be delayed at all
+    budget.settle([0, 1, 2], [4, 0, 0], 1.5)
+    assert budget.left == pytest.approx({0: 1.1, 1: 0.1, 2: 2.6})
+    budget.settle([0, 2], [0, 0], 1.0)  # a tick without drafts: banked, nothing paid
+    assert budget.left == pytest.approx({0: 1.2, 1: 0.1, 2: 2.7})
+    budget.drop(1)
+    assert 1 not in budget.left
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_answer_waits_for_others_drafts_longer_than_its_budget_over_a_run(seed):
+    # Sequences come and go over 400 ticks; one of them always offers a long sure draft that a
+    # tick takes in a forward more (a third of the tick, and a twentieth a row), the rest step. Each tick takes the
+    # choice under the budget's stretch; every sequence's total delay from others' drafts stays
+    # within share x its ticks + the grant, and some drafts went in.
+    rng = random.Random(seed)
+    budget = DelayBudget(share=0.05, grant=8)
+    cost = per_draft(1.0, 0.3, 0.05)
+    running: dict[int, list[float]] = {}  # seq -> [ticks, delay]
+    done, next_seq, drafted_ticks = [], 0, 0
+    for _ in range(400):
+        while len(running) < 4:
+            budget.start(next_seq)
+            running[next_seq] = [0, 0.0]
+            next_seq += 1
+        seqs = sorted(running)
+        drafter = seqs[rng.randrange(len(seqs))]
+        offers = [Offer.of([0.95] * 10) if s == drafter else Offer.of([]) for s in seqs]
+        stretch = budget.stretch(seqs)
+        lengths = choose_lengths(offers, cost, 1.15, stretch)
+        took = cost([1 + n for n in lengths]) / cost([1] * len(seqs))
+        assert took <= stretch + 1e-9
+        budget.settle(seqs, lengths, took)
+        drafted_ticks += any(lengths)
+        for s, n in zip(seqs, lengths):
+            running[s][0] += 1
+            running[s][1] += took - 1 if n == 0 else 0.0
+            if rng.random() < 1 / 60:  # a generation ends
+                done.append(running.pop(s))
+                budget.drop(s)
+    done.extend(running.values())
+    assert drafted_ticks > 10
+    for ticks, delay in done:
+        assert delay <= 0.05 * (ticks + 8) + 1e-9
+
+
+def test_a_budget_of_no_share_keeps_drafts_out_of_shared_ticks_and_an_infinite_one_sets_no_bound():
+    none, unbounded = DelayBudget(share=0.0), DelayBudget(share=math.inf)
+    for budget in (none, unbounded):
+        budget.start(0)
+        budget.start(1)
+    assert none.stretch([0, 1]) == 1.0
+    assert unbounded.stretch([0, 1]) == math.inf
+    unbounded.settle([0, 1], [5, 0], 9.0)
+    assert unbounded.stretch([0, 1]) == math.inf
+    with pytest.raises(ValueError, match="delay share is at least 0"):
+        DelayBudget(share=-0.1)
+    with pytest.raises(ValueError, match="delay grant"):
+        DelayBudget(grant=math.inf)
 
 
 def test_bad_offers_are_refused_clearly():

@@ -148,38 +148,58 @@ def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requ
     assert shared.taken == taken
 
 
-def test_the_tick_stretch_limit_decides_whether_a_draft_that_slows_the_others_goes_in(batched, monkeypatch):
+def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that_slows_the_others_goes_in(
+        batched, monkeypatch):
     # Three sequences step; one offers 8 tokens it is sure of. Any draft costs the tick a second
     # forward (1 s on top of 1 s), so it raises the tick's expected tokens per second (3 in 1.03 s
-    # against about 10.7 in 2.11 s) while doubling the others' wait: the default limit (1.5 times
-    # the tick) leaves it out; --max-tick-stretch inf (or 3) puts all of it in.
+    # against about 10.7 in 2.11 s) while doubling the others' wait (a stretch of 2.05). It goes in
+    # when every sequence in the tick may still be delayed that long (--max-delay-share) and the
+    # tick may stretch that far (--max-tick-stretch); the others pay for it, the drafter does not.
     from specdec.backends.llamacpp_batched import _Submission
-    from specdec.policies.goodput import Offer
+    from specdec.policies.goodput import DelayBudget, Offer
 
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + (max(rows) > 1) + 0.01 * sum(rows))
+    seqs = (5, 6, 7)  # slots no generation of this test's fixture uses
 
-    def tick(stretch: float) -> list[int]:
+    def tick(stretch: float, budget: DelayBudget) -> list[int]:
         monkeypatch.setattr(shared, "max_stretch", stretch)
-        subs = [_Submission(seq, [7] * (9 if seq == 0 else 1), list(range(9 if seq == 0 else 1)),
-                            [[seq]] * (9 if seq == 0 else 1), [True] * (9 if seq == 0 else 1),
-                            offer=Offer.of([0.99] * 8) if seq == 0 else Offer.of([]))
-                for seq in range(3)]
+        monkeypatch.setattr(shared, "budget", budget)
+        subs = [_Submission(seq, [7] * (9 if seq == 5 else 1), list(range(9 if seq == 5 else 1)),
+                            [[seq]] * (9 if seq == 5 else 1), [True] * (9 if seq == 5 else 1),
+                            offer=Offer.of([0.99] * 8) if seq == 5 else Offer.of([]))
+                for seq in seqs]
         shared._choose(subs)
         return [sub.drafted for sub in subs]
 
-    assert tick(1.5) == [0, 0, 0]
-    assert tick(math.inf) == [8, 0, 0]
-    assert tick(3.0) == [8, 0, 0]
+    def budget(left: float) -> DelayBudget:
+        out = DelayBudget()
+        out.left.update({seq: left for seq in seqs})
+        return out
+
+    assert tick(math.inf, budget(1.0)) == [0, 0, 0]  # 1 tick of delay left: a stretch of 2.05 is too much
+    rich = budget(1.2)
+    assert tick(math.inf, rich) == [8, 0, 0]
+    assert shared._stretch == pytest.approx(2.11 / 1.03)
+    shared.budget.settle(list(seqs), [8, 0, 0], shared._stretch)
+    assert rich.left == pytest.approx({5: 1.23, 6: 1.23 - 1.08 / 1.03, 7: 1.23 - 1.08 / 1.03})
+    assert tick(math.inf, budget(1.2)) == [8, 0, 0]
+    assert tick(1.5, budget(math.inf)) == [0, 0, 0]
+    assert tick(3.0, DelayBudget(math.inf)) == [8, 0, 0]
+    assert tick(math.inf, DelayBudget(0.0)) == [0, 0, 0]
 
 
-def test_the_server_passes_its_tick_stretch_limit_to_the_batch():
+def test_the_server_passes_its_tick_stretch_limit_and_delay_share_to_the_batch():
     model = specdec.load(MODEL, backend="llamacpp")
-    Server(model, config=ServeConfig(slots=2, max_tick_stretch=math.inf))
-    assert model.loaded.batched.max_stretch == math.inf
+    Server(model, config=ServeConfig(slots=2, max_tick_stretch=2.0, max_delay_share=0.1))
+    assert model.loaded.batched.max_stretch == 2.0
+    assert model.loaded.batched.budget.share == 0.1
+    spell = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     with pytest.raises(SpecdecError, match="max-tick-stretch must be >= 1"):
-        ServeConfig(max_tick_stretch=0.5).validate(lambda name: "--" + name.replace("_", "-"))
+        ServeConfig(max_tick_stretch=0.5).validate(spell)
+    with pytest.raises(SpecdecError, match="max-delay-share must be >= 0"):
+        ServeConfig(max_delay_share=-1).validate(spell)
 
 
 def test_an_error_outside_a_decode_fails_its_request_and_the_ticker_goes_on(batched, monkeypatch):

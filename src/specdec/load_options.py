@@ -14,6 +14,7 @@ one place that decides whether a drafter needs a draft model and which one it ge
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -117,10 +118,15 @@ class ServeOptions:
                                           "GPU's memory (0.3), allocated once; a request that does not fit waits "
                                           "(default: what the slots can use, at most half the memory free after "
                                           "loading)", metavar="SIZE")
-    max_tick_stretch: float = declare(1.5, "with batching on llama.cpp: no tick's drafts make it longer than this "
-                                           "many times the tick without them (every sequence in a tick waits for "
-                                           "it); higher trades the other requests' latency for tokens per second, "
-                                           "inf: the batch's best expected tokens per second alone",
+    max_delay_share: float = declare(0.03, "with batching on llama.cpp: other requests' drafts may add at most "
+                                           "this share of a request's own decoding time to it (every sequence in a "
+                                           "tick waits for the tick's draft rows); higher trades the requests that "
+                                           "draft little's latency for tokens per second, inf: the batch's best "
+                                           "expected tokens per second alone, 0: no draft beside other requests",
+                                     at_least(0.0), metavar="X")
+    max_tick_stretch: float = declare(math.inf, "with batching on llama.cpp: no tick's drafts make it longer than "
+                                                "this many times the tick without them, whatever the requests in "
+                                                "it may still be delayed (--max-delay-share)",
                                       at_least(1.0), metavar="X")
     shared_index: bool = declare(False, "let every client draft from every other client's outputs (the --memory "
                                         "index, SuffixDecoding's global tree); by default each API key has its own "

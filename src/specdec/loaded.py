@@ -26,6 +26,7 @@ from specdec.drafting.suffix_index import DEFAULT_CAPACITY, NgramMemory
 from specdec.errors import SpecdecError
 from specdec.load_options import LoadOptions
 from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve
+from specdec.policies.goodput import DelayBudget
 from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, BackendEntry, LoadRequest
 from specdec.text import TextCodec
@@ -157,12 +158,15 @@ class LoadedModel:
         """Whether this model's backend can step several generations in one forward."""
         return self._batched_factory is not None
 
-    def enable_batching(self, slots: int, kv_memory: str | None = None, max_tick_stretch: float | None = None) -> None:
+    def enable_batching(self, slots: int, kv_memory: str | None = None, max_tick_stretch: float | None = None,
+                        max_delay_share: float | None = None) -> None:
         """Run up to ``slots`` concurrent generations' forwards as one batch (continuous batching:
         a generation joins and leaves between steps). The batch chooses every generation's draft
-        length together, a tick's drafts making it at most ``max_tick_stretch`` times as long as
-        without them (where a tick's cost grows with its rows: llama.cpp). With exact kernels
-        batching does not change any generation's tokens."""
+        length together, where a tick's cost grows with its rows (llama.cpp) others' drafts adding
+        at most ``max_delay_share`` of a generation's decoding time to it
+        (:class:`~specdec.policies.goodput.DelayBudget`) and making no tick more than
+        ``max_tick_stretch`` times as long as without them. With exact kernels batching does not
+        change any generation's tokens."""
         if self._batched_factory is None:
             raise SpecdecError(f"the {self.backend_name} backend cannot batch several sequences in one forward "
                                f"here (batching runs on llama.cpp, and on transformers with --device cuda; "
@@ -173,6 +177,8 @@ class LoadedModel:
         shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
         if max_tick_stretch is not None:
             shared.max_stretch = max_tick_stretch
+        if max_delay_share is not None and hasattr(shared, "budget"):
+            shared.budget = DelayBudget(max_delay_share)
         self.batched = shared
         # The lowest free sequence first: llama.cpp puts only consecutive sequence ids in one slice
         # of a batch, so running sequences 0, 2, 4 cost three forwards where 0, 1, 2 cost one.

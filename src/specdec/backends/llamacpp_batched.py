@@ -20,7 +20,9 @@ The batch chooses its draft lengths together: a sequence hands its whole draft a
 every sequence's length at once for the most expected tokens per second of the tick
 (:func:`~specdec.policies.goodput.choose_lengths`), "nobody drafts" included, on what such a tick
 costs here (:meth:`SharedSequences.tick_cost`: llama.cpp's split of the tick into forwards, each
-priced by the model's :class:`~specdec.costs.BatchCosts`, which the ticks teach). A tick waits for
+priced by the model's :class:`~specdec.costs.BatchCosts`, which the ticks teach), stretching the
+tick by no more than every sequence in it may still be delayed by others' drafts
+(:class:`~specdec.policies.goodput.DelayBudget`: a share of its own ticks). A tick waits for
 every running sequence that is computing its next step, for up to a share of a tick's time (a
 sequence left behind would cost a tick of its own). A draft model's forwards (a burst of its own
 ticks) still price their rows at their margin (:meth:`SequenceBackend.forward_costs`,
@@ -51,7 +53,7 @@ from specdec.backends.llamacpp_sequence import LlamaCppSequence
 from specdec.backends.llamacpp_weights import LlamaCppWeights
 from specdec.costs import CostModel, Costs
 from specdec.errors import SpecdecError
-from specdec.policies.goodput import Offer, OfferPause, TickCost, choose_lengths
+from specdec.policies.goodput import DelayBudget, Offer, OfferPause, TickCost, choose_lengths
 
 MAX_SEQ_IDS = 64  # sequences per context (llama.cpp allows 256; each has its own KV stream here)
 CELLS_PER_SLOT = 4096  # KV cells per sequence (prompt + answer + a draft)
@@ -66,12 +68,10 @@ CAUTION = 1.0
 # other sequence's ticks (in the trace at 16 clients, ticks that drafted about broke even, and the
 # run took 18% longer than plain decoding's).
 MARGIN = 1.15
-# ... and, by default, no tick's drafts make it longer than this many times the tick without them
-# (``specdec serve --max-tick-stretch``): every other sequence in it waits for its rows. On a CPU
-# the extra forward a draft costs is most of a one-row forward, so at 4 or more sequences a draft
-# that raises the batch's tokens per second still makes the others' answers later (what each
-# setting gives: docs/serving.md).
-STRETCH = 1.5
+# ... and no tick's drafts make it longer than this many times the tick without them
+# (``specdec serve --max-tick-stretch``; by default no cap: the delay budget bounds what each
+# answer pays over its whole life instead, ``--max-delay-share``, see DelayBudget).
+STRETCH = math.inf
 
 
 @dataclass
@@ -136,6 +136,9 @@ class SharedSequences:
         self.slots = slots
         self.gather_s = gather_s
         self.max_stretch = STRETCH  # a shared tick's drafts make it at most this many times as long
+        # ... and at most what every sequence in it may still be delayed by others' drafts
+        self.budget = DelayBudget()
+        self._stretch = 1.0  # the last choice's expected tick over the tick without drafts
         self.n_ctx = min(weights.n_ctx, CELLS_PER_SLOT) * slots
         self.max_length = min(weights.n_ctx, CELLS_PER_SLOT)
         # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
@@ -186,6 +189,12 @@ class SharedSequences:
         with self._cond:
             self._active.add(slot)
 
+    def start(self, slot: int) -> None:
+        """A new generation on ``slot`` (its delay allowance starts over) joins the ticks."""
+        with self._cond:
+            self.budget.start(slot)
+            self._active.add(slot)
+
     def leave(self, slot: int) -> None:
         with self._cond:
             self._active.discard(slot)
@@ -195,6 +204,7 @@ class SharedSequences:
     def release(self, slot: int) -> None:
         self.leave(slot)
         with self._cond:
+            self.budget.drop(slot)
             self._free.append(slot)
 
     def count_paused(self) -> None:
@@ -323,9 +333,11 @@ class SharedSequences:
         # What each offered, as the expected tokens of its first draft nodes (traced)
         gains = ([[round(g, 3) for g in sub.offer.gains[:17]] if sub.offer is not None else None for sub in chosen]
                  if self._trace_file is not None else [])
+        self._stretch = 1.0
         try:
             self._choose(chosen)
         except Exception as exc:  # a failed choice costs the tick its drafts, never its requests
+            self._stretch = 1.0
             warnings.warn(f"specdec: the batch's draft lengths failed ({exc!r}); this tick verifies no drafts",
                           RuntimeWarning, stacklevel=1)
             for sub in chosen:
@@ -356,6 +368,8 @@ class SharedSequences:
                 sub.done = True
             self._cond.notify_all()
         self._learn(chosen, holes, seconds)
+        if seconds > 0:  # a tick that ran: each banks its share of it, and pays for others' drafts
+            self.budget.settle([s.seq for s in chosen], [s.drafted for s in chosen], self._stretch)
         if self._trace_file is not None:
             self._record(chosen, holes, offered, gains, running, t0, t0 - opened, seconds)
 
@@ -370,11 +384,15 @@ class SharedSequences:
             lengths = [0] * len(offers)
         else:
             several = len(offers) > 1
-            lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, self.max_stretch if several else math.inf)
-            if self._trace_file is not None:  # what the choice expected, beside what the tick takes
-                self._expected = {"tokens": round(sum(o.gains[n] for o, n in zip(offers, lengths)), 2),
-                                  "seconds": round(cost([o.rows + n for o, n in zip(offers, lengths)]), 4),
-                                  "plain_seconds": round(cost([o.rows for o in offers]), 4)}
+            stretch = min(self.max_stretch, self.budget.stretch(sub.seq for sub in chosen)) if several else math.inf
+            lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, stretch)
+            if any(lengths) or self._trace_file is not None:
+                seconds, plain_s = cost([o.rows + n for o, n in zip(offers, lengths)]), cost([o.rows for o in offers])
+                self._stretch = seconds / plain_s if any(lengths) else 1.0
+                if self._trace_file is not None:  # what the choice expected, beside what the tick takes
+                    self._expected = {"tokens": round(sum(o.gains[n] for o, n in zip(offers, lengths)), 2),
+                                      "seconds": round(seconds, 4), "plain_seconds": round(plain_s, 4),
+                                      "stretch_allowed": round(stretch, 3) if math.isfinite(stretch) else None}
         for sub, offer, n in zip(chosen, offers, lengths):
             if sub.offer is not None:
                 sub.cut(offer.rows + n)
@@ -601,7 +619,7 @@ class SequenceBackend(LlamaCppSequence):
     def reset(self) -> None:
         super().reset()  # removes this sequence's cells under the context's KV lock
         self._pause = OfferPause()
-        self.shared.join(self.slot)
+        self.shared.start(self.slot)
 
     def idle(self) -> None:
         """Back in the pool, or between bursts: no tick waits for this sequence until it steps again."""

@@ -17,8 +17,8 @@ Pure and backend-agnostic: nothing here knows a model, a thread or a backend.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 TickCost = Callable[[Sequence[int]], float]
 """Seconds of a tick whose sequences put in these rows (one number per sequence, in the order of
@@ -227,3 +227,60 @@ class OfferPause:
                 self.left = min(MAX_PAUSE, 2 ** min(self.declined - PAUSE_AFTER, MAX_PAUSE.bit_length()))
         else:
             self.declined = 0
+
+
+DELAY_SHARE = 0.03  # the share of its own ticks' time others' drafts may add to a sequence's
+GRANT_TICKS = 32  # a sequence starts with the allowance of this many ticks
+
+
+@dataclass
+class DelayBudget:
+    """How much other sequences' drafts may delay each sequence of a lockstep batch.
+
+    Every sequence in a tick waits for all of its rows, so a draft that raises the batch's tokens
+    per second still makes the answers that draft little later (on a CPU, where a tick's cost
+    grows with its rows). A cap on each tick's stretch either forbids the long confident drafts
+    that pay most or lets them lengthen one answer's every tick; this caps what each answer pays
+    in all: a sequence banks ``share`` of every tick it is in (``grant`` ticks' worth to start
+    with), and pays, when others' drafts stretch a tick it drafted nothing in, the stretch (in
+    that tick's own length without drafts). A tick may stretch by what every sequence in it has
+    banked, so none waits longer than ``share`` of its ticks plus the grant. Units are ticks,
+    each the tick's own length without drafts: no clock and no cost curve involved.
+
+    ``share=math.inf`` sets no bound (the batch's tokens per second alone); ``0`` forbids any
+    draft in a tick shared with others.
+    """
+
+    share: float = DELAY_SHARE
+    grant: float = GRANT_TICKS
+    left: dict[int, float] = field(default_factory=dict)  # sequence -> ticks of delay it may still take
+
+    def __post_init__(self) -> None:
+        if not self.share >= 0:
+            raise ValueError(f"a delay share is at least 0, got {self.share}")
+        if not (math.isfinite(self.grant) and self.grant >= 0):
+            raise ValueError(f"a delay grant is a finite number of ticks >= 0, got {self.grant}")
+
+    def start(self, seq: int) -> None:
+        """A new generation on ``seq``: its allowance starts at the grant."""
+        self.left[seq] = self.share * self.grant if math.isfinite(self.share) else math.inf
+
+    def drop(self, seq: int) -> None:
+        self.left.pop(seq, None)
+
+    def stretch(self, seqs: Iterable[int]) -> float:
+        """The most a tick of these sequences may stretch, times its length without drafts."""
+        if math.isinf(self.share):
+            return math.inf
+        return 1.0 + max(0.0, min((self.left.get(s, 0.0) for s in seqs), default=math.inf))
+
+    def settle(self, seqs: Sequence[int], drafted: Sequence[int], stretch: float) -> None:
+        """A tick of ``seqs`` ran, ``drafted[i]`` draft rows verified for ``seqs[i]``, and took
+        ``stretch`` times its length without drafts: each banks its share, and each that drafted
+        nothing pays the stretch."""
+        if math.isinf(self.share):
+            return
+        delay = max(0.0, stretch - 1.0)
+        for seq, n in zip(seqs, drafted):
+            left = self.left.get(seq, 0.0) + self.share
+            self.left[seq] = left - delay if n == 0 else left

@@ -55,7 +55,8 @@ class Server:
             # from its earlier answers, bounded.
             loaded.enable_memory(capacity=self.config.index_tokens)
         if self.config.batch and loaded.batched is None:
-            loaded.enable_batching(self.config.slots, self.config.kv_memory, self.config.max_tick_stretch)
+            loaded.enable_batching(self.config.slots, self.config.kv_memory, self.config.max_tick_stretch,
+                                   self.config.max_delay_share)
         if loaded.batched is not None:
             self.metrics.watch_batch(loaded.batched)
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
