@@ -236,13 +236,26 @@ class SharedSequences:
         if len(seqs) == 1:
             return lambda rows: curve.step(rows[0]) if rows[0] <= room else math.inf
         batch = curve.batch
+        # One choice asks for a few hundred layouts, most of them split alike (any one sequence's
+        # extra rows make the same forward), and the tick waits for the choice: each asked once.
+        costs: dict[tuple[int, ...], float] = {}
+        prices: dict[tuple[tuple[int, int], ...], float] = {}
+
+        def price(split: list[tuple[int, int]]) -> float:
+            key = tuple(split)
+            if key not in prices:
+                prices[key] = batch.tick(split, CAUTION)
+            return prices[key]
 
         def cost(rows: Sequence[int]) -> float:
-            if sum(rows) > room:
-                return math.inf
-            present = [(s, r) for s, r in zip(seqs, rows) if r > 0]  # a sequence of no rows is a gap
-            return _layout([s for s, _ in present], [r for _, r in present], room, n_ubatch,
-                           lambda split: batch.tick(split, CAUTION))[0]
+            key = tuple(rows)
+            if key not in costs:
+                if sum(rows) > room:
+                    costs[key] = math.inf
+                else:
+                    present = [(s, r) for s, r in zip(seqs, rows) if r > 0]  # a sequence of no rows is a gap
+                    costs[key] = _layout([s for s, _ in present], [r for _, r in present], room, n_ubatch, price)[0]
+            return costs[key]
 
         return cost
 
