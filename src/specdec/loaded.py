@@ -177,6 +177,7 @@ class LoadedModel:
         shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
         if max_tick_stretch is not None:
             shared.max_stretch = max_tick_stretch
+        # (a GPU batch runs one padded shape whatever its rows: no draft delays the others there)
         if max_delay_share is not None and hasattr(shared, "budget"):
             shared.budget = DelayBudget(max_delay_share)
         self.batched = shared
