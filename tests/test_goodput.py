@@ -215,9 +215,9 @@ def test_a_sequence_is_delayed_by_others_drafts_at_most_its_share_of_its_ticks_p
 @pytest.mark.parametrize("seed", range(5))
 def test_no_answer_waits_for_others_drafts_longer_than_its_budget_over_a_run(seed):
     # Sequences come and go over 400 ticks; one of them always offers a long sure draft that a
-    # tick takes in a forward more (a third of the tick, and a twentieth a row), the rest step. Each tick takes the
-    # choice under the budget's stretch; every sequence's total delay from others' drafts stays
-    # within share x its ticks + the grant, and some drafts went in.
+    # tick takes in a forward more (a third of the tick, and a twentieth a row), the rest step.
+    # Each tick takes the choice under the budget's stretch; every sequence's total delay from
+    # others' drafts stays within share x its ticks + the grant, and some drafts went in.
     rng = random.Random(seed)
     budget = DelayBudget(share=0.05, grant=8)
     cost = per_draft(1.0, 0.3, 0.05)

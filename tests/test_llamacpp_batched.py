@@ -163,6 +163,8 @@ def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that
                         lambda seqs: lambda rows: 1.0 + (max(rows) > 1) + 0.01 * sum(rows))
     seqs = (5, 6, 7)  # slots no generation of this test's fixture uses
 
+    expected: list[float] = []
+
     def tick(stretch: float, budget: DelayBudget) -> list[int]:
         monkeypatch.setattr(shared, "max_stretch", stretch)
         monkeypatch.setattr(shared, "budget", budget)
@@ -170,7 +172,7 @@ def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that
                             [[seq]] * (9 if seq == 5 else 1), [True] * (9 if seq == 5 else 1),
                             offer=Offer.of([0.99] * 8) if seq == 5 else Offer.of([]))
                 for seq in seqs]
-        shared._choose(subs)
+        expected.append(shared._choose(subs))
         return [sub.drafted for sub in subs]
 
     def budget(left: float) -> DelayBudget:
@@ -179,10 +181,11 @@ def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that
         return out
 
     assert tick(math.inf, budget(1.0)) == [0, 0, 0]  # 1 tick of delay left: a stretch of 2.05 is too much
+    assert expected[-1] == 1.0
     rich = budget(1.2)
     assert tick(math.inf, rich) == [8, 0, 0]
-    assert shared._stretch == pytest.approx(2.11 / 1.03)
-    shared.budget.settle(list(seqs), [8, 0, 0], shared._stretch)
+    assert expected[-1] == pytest.approx(2.11 / 1.03)
+    shared.budget.settle(list(seqs), [8, 0, 0], expected[-1])
     assert rich.left == pytest.approx({5: 1.23, 6: 1.23 - 1.08 / 1.03, 7: 1.23 - 1.08 / 1.03})
     assert tick(math.inf, budget(1.2)) == [8, 0, 0]
     assert tick(1.5, budget(math.inf)) == [0, 0, 0]

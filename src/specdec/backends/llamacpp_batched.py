@@ -138,7 +138,6 @@ class SharedSequences:
         self.max_stretch = STRETCH  # a shared tick's drafts make it at most this many times as long
         # ... and at most what every sequence in it may still be delayed by others' drafts
         self.budget = DelayBudget()
-        self._stretch = 1.0  # the last choice's expected tick over the tick without drafts
         self.n_ctx = min(weights.n_ctx, CELLS_PER_SLOT) * slots
         self.max_length = min(weights.n_ctx, CELLS_PER_SLOT)
         # One KV stream per sequence: a stream's cells stay in position order through rollbacks, as
@@ -346,11 +345,10 @@ class SharedSequences:
         # What each offered, as the expected tokens of its first draft nodes (traced)
         gains = ([[round(g, 3) for g in sub.offer.gains[:17]] if sub.offer is not None else None for sub in chosen]
                  if self._trace_file is not None else [])
-        self._stretch = 1.0
         try:
-            self._choose(chosen)
+            stretch = self._choose(chosen)
         except Exception as exc:  # a failed choice costs the tick its drafts, never its requests
-            self._stretch = 1.0
+            stretch = 1.0
             warnings.warn(f"specdec: the batch's draft lengths failed ({exc!r}); this tick verifies no drafts",
                           RuntimeWarning, stacklevel=1)
             for sub in chosen:
@@ -382,14 +380,16 @@ class SharedSequences:
             self._cond.notify_all()
         self._learn(chosen, holes, seconds)
         if seconds > 0:  # a tick that ran: each banks its share of it, and pays for others' drafts
-            self.budget.settle([s.seq for s in chosen], [s.drafted for s in chosen], self._stretch)
+            self.budget.settle([s.seq for s in chosen], [s.drafted for s in chosen], stretch)
         if self._trace_file is not None:
             self._record(chosen, holes, offered, gains, running, t0, t0 - opened, seconds)
 
-    def _choose(self, chosen: list[_Submission]) -> None:
-        """Cut the offered drafts to the lengths with the tick's best expected tokens per second."""
+    def _choose(self, chosen: list[_Submission]) -> float:
+        """Cut the offered drafts to the lengths with the tick's best expected tokens per second;
+        how many times the tick without drafts the tick is expected to take."""
         if not any(sub.offer is not None and sub.offer.most for sub in chosen):
-            return
+            return 1.0
+        expected = 1.0
         offers = [sub.offer if sub.offer is not None else _fixed(sub) for sub in chosen]
         try:
             cost = self.tick_cost([sub.seq for sub in chosen])
@@ -397,11 +397,13 @@ class SharedSequences:
             lengths = [0] * len(offers)
         else:
             several = len(offers) > 1
-            stretch = min(self.max_stretch, self.budget.stretch(sub.seq for sub in chosen)) if several else math.inf
+            stretch = (min(self.max_stretch, self.budget.stretch(sub.seq for sub in chosen)) if several
+                       else math.inf)
             lengths = choose_lengths(offers, cost, MARGIN if several else 1.0, stretch)
             if any(lengths) or self._trace_file is not None:
-                seconds, plain_s = cost([o.rows + n for o, n in zip(offers, lengths)]), cost([o.rows for o in offers])
-                self._stretch = seconds / plain_s if any(lengths) else 1.0
+                seconds = cost([o.rows + n for o, n in zip(offers, lengths)])
+                plain_s = cost([o.rows for o in offers])
+                expected = seconds / plain_s if any(lengths) else 1.0
                 if self._trace_file is not None:  # what the choice expected, beside what the tick takes
                     self._expected = {"tokens": round(sum(o.gains[n] for o, n in zip(offers, lengths)), 2),
                                       "seconds": round(seconds, 4), "plain_seconds": round(plain_s, 4),
@@ -412,6 +414,7 @@ class SharedSequences:
                 sub.drafted = n
                 self.offered += offer.most
                 self.taken += n
+        return expected
 
     def _learn(self, chosen: list[_Submission], holes: list[int], seconds: float) -> None:
         """Counters, and what the tick teaches the model's costs (called with the condition held)."""
