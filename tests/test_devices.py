@@ -149,6 +149,10 @@ def test_the_targets_tokens_of_a_step_equal_the_ones_chosen_row_by_row():
         assert sampler.target_tokens(logits, positions) == \
             [sampler.target_token(row, pos) for row, pos in zip(logits, positions)]
     assert Noise.TARGET == 0
+    # Ties go to the first maximum on every path (numpy's for CPU float32 rows, torch's otherwise)
+    tied = torch.tensor([[0.0, 3.0, 3.0, 1.0], [2.0, 2.0, 2.0, 2.0], [5.0, -1.0, 5.0, 5.0]])
+    for rows in (tied, tied.double()):
+        assert Sampler(SamplingParams()).target_tokens(rows, [0, 1, 2]) == [1, 0, 0]
 
 
 # -- the GPU check --------------------------------------------------------------------------------------

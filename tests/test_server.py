@@ -249,6 +249,23 @@ def test_serve_refuses_a_taken_port_before_loading(capsys, no_loading):
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err and not no_loading
 
 
+def test_serve_freezes_what_it_loaded_before_serving(monkeypatch, tiny):
+    """What is loaded before the first request lives as long as the server: frozen, the collector's
+    full collections no longer walk it in the middle of requests."""
+    import gc
+
+    from specdec.cli import main
+
+    monkeypatch.setattr("specdec.api.load", lambda *args, **kwargs: tiny)
+    frozen = []
+    monkeypatch.setattr("specdec.server.app.serve_forever", lambda *args: frozen.append(gc.get_freeze_count()))
+    try:
+        assert main(["serve", "--port", "0", "--no-batch"]) == 0
+    finally:
+        gc.unfreeze()
+    assert frozen and frozen[0] > 1000
+
+
 # -- options: the serve flags are the defaults, one message per mistake, drafters' own options ------
 def serve_args(*argv: str):
     """``specdec serve`` flags parsed and checked by the real CLI (nothing is loaded)."""

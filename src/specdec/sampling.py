@@ -171,6 +171,8 @@ class Sampler:
         its verdict's inputs once instead of once per token. Each row goes through the same
         operations as :meth:`target_token` (a row's probabilities never depend on the others')."""
         if self.greedy:
+            if logits.dtype == torch.float32 and logits.device.type == "cpu" and not logits.requires_grad:
+                return logits.numpy().argmax(-1).tolist()  # as :func:`argmax`: numpy's is faster
             return logits.argmax(-1).tolist()
         vocab = logits.shape[-1]
         chosen = [torch.argmax(self.probs(row) / self.noise.exponential(Noise.TARGET, pos, vocab).to(row.device))
