@@ -6,22 +6,47 @@ The other llama.cpp modules reach the C API only through :func:`lib`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import pathlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 from specdec.errors import SpecdecError
+
+T = TypeVar("T")
 
 _state = {"decoded": False, "quiet": None}  # whether a forward ran; the silencing callback (kept alive)
 # One forward at a time in the process: each llama_decode already runs on every core (its own
 # thread team), so two at once (a target's batch and a draft model's, or two requests' models)
 # would only share the cores worse.
 _DECODE = threading.Lock()
+# ... and all of them on one thread. llama.cpp's CPU backend runs a forward as one OpenMP parallel
+# region with a barrier after each of its ~1,100 graph nodes, and OpenMP keeps a team of threads
+# for every thread that ever started one. Once a second thread had run a forward (the server's
+# batch after its warm-up on the main thread), the process held more OpenMP threads than cores,
+# so libgomp cut its spinning at barriers to almost nothing, every barrier slept and woke, and a
+# one-row forward of Qwen2.5-Coder-1.5B on 2 cores went from about 36 ms to 50-57 ms (the served
+# answers decoded at 47-57 ms a token against llama-server's 35-37, alternated request by request).
+_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-llama")
+_on_llama_thread = threading.local()
+
+
+def on_llama_thread(function: Callable[..., T], *args) -> T:
+    """``function(*args)`` on the one thread that runs every llama.cpp computation of the process."""
+    if getattr(_on_llama_thread, "yes", False):
+        return function(*args)
+    return _LLAMA_THREAD.submit(_mark_and_call, function, *args).result()
+
+
+def _mark_and_call(function, *args):
+    _on_llama_thread.yes = True
+    return function(*args)
 
 
 @lru_cache(maxsize=1)
@@ -63,13 +88,17 @@ def decode(ctx, batch) -> float:
     """``llama_decode``, failing loudly; every forward of specdec's goes through here. The seconds
     it computed (not counting a wait for another forward to end)."""
     _state["decoded"] = True
-    with _DECODE:
-        t0 = time.perf_counter()
-        failed = lib().llama_decode(ctx, batch) != 0
-        seconds = time.perf_counter() - t0
+    failed, seconds = on_llama_thread(_timed_decode, ctx, batch)
     if failed:
         raise RuntimeError("llama_decode failed")
     return seconds
+
+
+def _timed_decode(ctx, batch) -> tuple[bool, float]:
+    with _DECODE:
+        t0 = time.perf_counter()
+        failed = lib().llama_decode(ctx, batch) != 0
+        return failed, time.perf_counter() - t0
 
 
 def has_decoded() -> bool:
@@ -182,9 +211,12 @@ def kernel_selftest(ggml_type: int, rows: int, n_threads: int, faults: int = 0) 
     _state["decoded"] = True
     first = ctypes.c_int()
     tested, untested = ctypes.create_string_buffer(_NAMES_SIZE), ctypes.create_string_buffer(_NAMES_SIZE)
-    with _DECODE:
-        differing = function(ggml_type, rows, n_threads, faults, ctypes.byref(first), tested, untested,
-                             _NAMES_SIZE)
+    def run() -> int:
+        with _DECODE:
+            return function(ggml_type, rows, n_threads, faults, ctypes.byref(first), tested, untested,
+                            _NAMES_SIZE)
+
+    differing = on_llama_thread(run)
     if differing == -1:
         return None
     return SelfTest(max(0, int(differing)), first.value, _names(tested.value), _names(untested.value))
