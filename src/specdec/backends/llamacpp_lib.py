@@ -85,8 +85,9 @@ def log_captured() -> Iterator[list[bytes]]:
 
 
 def decode(ctx, batch) -> float:
-    """``llama_decode``, failing loudly; every forward of specdec's goes through here. The seconds
-    it computed (not counting a wait for another forward to end)."""
+    """``llama_decode``, failing loudly, on the process's llama.cpp thread (:func:`on_llama_thread`);
+    every forward of specdec's goes through here. The seconds it computed (not counting a wait for
+    another forward to end)."""
     _state["decoded"] = True
     failed, seconds = on_llama_thread(_timed_decode, ctx, batch)
     if failed:
@@ -211,6 +212,7 @@ def kernel_selftest(ggml_type: int, rows: int, n_threads: int, faults: int = 0) 
     _state["decoded"] = True
     first = ctypes.c_int()
     tested, untested = ctypes.create_string_buffer(_NAMES_SIZE), ctypes.create_string_buffer(_NAMES_SIZE)
+
     def run() -> int:
         with _DECODE:
             return function(ggml_type, rows, n_threads, faults, ctypes.byref(first), tested, untested,
