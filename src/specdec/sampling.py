@@ -113,9 +113,14 @@ def argmax(row: torch.Tensor) -> int:
     """The index of the first maximum of a 1-D tensor (as ``torch.argmax``). numpy's SIMD argmax
     is several times faster than torch's on a CPU float32 row, which matters for a large
     vocabulary at every greedy step."""
-    if row.dtype == torch.float32 and row.device.type == "cpu" and not row.requires_grad:
+    if _numpy_reads(row):
         return int(row.numpy().argmax())
     return int(row.argmax())
+
+
+def _numpy_reads(logits: torch.Tensor) -> bool:
+    """Whether numpy can take ``logits`` as they are (CPU float32, no autograd), for its argmax."""
+    return logits.dtype == torch.float32 and logits.device.type == "cpu" and not logits.requires_grad
 
 
 def random_seed() -> int:
@@ -171,7 +176,7 @@ class Sampler:
         its verdict's inputs once instead of once per token. Each row goes through the same
         operations as :meth:`target_token` (a row's probabilities never depend on the others')."""
         if self.greedy:
-            if logits.dtype == torch.float32 and logits.device.type == "cpu" and not logits.requires_grad:
+            if _numpy_reads(logits):
                 return logits.numpy().argmax(-1).tolist()  # as :func:`argmax`: numpy's is faster
             return logits.argmax(-1).tolist()
         vocab = logits.shape[-1]

@@ -22,11 +22,9 @@ from specdec.errors import SpecdecError
 T = TypeVar("T")
 
 _state = {"decoded": False, "quiet": None}  # whether a forward ran; the silencing callback (kept alive)
-# One forward at a time in the process: each llama_decode already runs on every core (its own
-# thread team), so two at once (a target's batch and a draft model's, or two requests' models)
-# would only share the cores worse.
-_DECODE = threading.Lock()
-# ... and all of them on one thread. llama.cpp's CPU backend runs a forward as one OpenMP parallel
+# One forward at a time in the process, all of them on one thread: each llama_decode already runs
+# on every core, so two at once (a target's batch and a draft model's, or two requests' models)
+# would only share the cores worse. And llama.cpp's CPU backend runs a forward as one OpenMP parallel
 # region with a barrier after each of its ~1,100 graph nodes, and OpenMP keeps a team of threads
 # for every thread that ever started one. Once a second thread had run a forward (the server's
 # batch after its warm-up on the main thread), the process held more OpenMP threads than cores,
@@ -96,10 +94,9 @@ def decode(ctx, batch) -> float:
 
 
 def _timed_decode(ctx, batch) -> tuple[bool, float]:
-    with _DECODE:
-        t0 = time.perf_counter()
-        failed = lib().llama_decode(ctx, batch) != 0
-        return failed, time.perf_counter() - t0
+    t0 = time.perf_counter()
+    failed = lib().llama_decode(ctx, batch) != 0
+    return failed, time.perf_counter() - t0
 
 
 def has_decoded() -> bool:
@@ -213,12 +210,8 @@ def kernel_selftest(ggml_type: int, rows: int, n_threads: int, faults: int = 0) 
     first = ctypes.c_int()
     tested, untested = ctypes.create_string_buffer(_NAMES_SIZE), ctypes.create_string_buffer(_NAMES_SIZE)
 
-    def run() -> int:
-        with _DECODE:
-            return function(ggml_type, rows, n_threads, faults, ctypes.byref(first), tested, untested,
-                            _NAMES_SIZE)
-
-    differing = on_llama_thread(run)
+    differing = on_llama_thread(function, ggml_type, rows, n_threads, faults, ctypes.byref(first), tested,
+                                untested, _NAMES_SIZE)
     if differing == -1:
         return None
     return SelfTest(max(0, int(differing)), first.value, _names(tested.value), _names(untested.value))
