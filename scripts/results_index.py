@@ -115,6 +115,8 @@ FOLDERS: dict[str, tuple[str, str]] = {
                               "Serving"),
     "tick-costs": ("what a shared tick costs by its layout: drafts beside other sequences' steps "
                    "(scripts/tick_costs.py)", "Serving"),
+    "load-ceiling": ("what drafting could give under load at most, from the tick costs and the load tests' "
+                     "counters, beside servers that did the same work (scripts/load_ceiling.py)", "Serving"),
     "loadtest-index": ("serving clients that ask about the same files: the per-key index of earlier answers",
                        "Serving"),
     "loadtest": ("`specdec serve` against vLLM on CPU under load (SmolLM2-135M)",
@@ -128,7 +130,7 @@ FOLDERS: dict[str, tuple[str, str]] = {
 # from before results.json recorded its command (all on the shipped Spec-Bench set).
 PROMPTS = {
     "policy-ablation": "tuning; timed: held-out", "heldout-inputs": HELDOUT, "gpu-check": TUNING,
-    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "tick-costs": "random tokens", "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
+    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "tick-costs": "random tokens", "load-ceiling": "tuning and held-out", "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
     "replay-ceilings": TUNING, "replay-repair": TUNING,
     **{name: TUNING for name in ("trees-hf-fp32-switch", "trees-llamacpp-switch", "staged-smollm2-llamacpp",
                                  "vocab-gemma-smol", "vocab-gemma-smol-lcpp", "vocab-smol-gemma",
