@@ -229,6 +229,27 @@ def test_a_killed_replica_is_restarted_and_others_succeed(ray_served, tiny):
         assert one(i).status_code == 200
 
 
+def test_a_replica_freezes_what_it_loaded(monkeypatch, tiny):
+    """A replica is a server process like `specdec serve`: what it loaded before its first request
+    is kept out of the collector's full collections."""
+    import gc
+    import types
+
+    serve = pytest.importorskip("ray.serve")
+    from specdec.server.ray_app import ModelReplica, ModelSpec
+
+    context = types.SimpleNamespace(replica_id=types.SimpleNamespace(to_full_id_str=lambda: "replica#0"), rank=0)
+    monkeypatch.setattr(serve, "get_replica_context", lambda: context)
+    monkeypatch.setattr("specdec.load", lambda *args, **kwargs: tiny)
+    gc.unfreeze()
+    try:
+        replica = ModelReplica(ModelSpec(model="tiny", config=ServeConfig(slots=1, max_tokens=8)))
+        frozen = gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+    assert replica.server is not None and frozen > 1000
+
+
 def test_rayservice_manifest():
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "rayservice.yaml").read_text()))
     service = docs[0]

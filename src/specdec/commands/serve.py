@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 
 from specdec import option_forms
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_model:  # given, or the alias's default when the default drafter runs a model
         check_draft_vocabulary(args.options.drafter, resolve_model(args.draft_model, args.backend), resolved)
     from specdec.api import load
-    from specdec.server.app import Server, serve_forever
+    from specdec.server.app import Server, freeze_loaded, serve_forever
 
     quiet_libraries()
     model = load(args.model, **load_options(args))
@@ -121,12 +120,7 @@ def run(args: argparse.Namespace) -> int:
     server = Server(model, draft_model, serve_config(args))
     print(f"calibrating {model.name} on this machine ...", file=sys.stderr)
     server.warm_up()
-    # What is loaded by now (the models, PyTorch, transformers: some 250,000 objects) lives as long
-    # as the server. Left to the collector, each full collection walked all of it: a pause of about
-    # 0.13 s in whichever request thread (or the batch's ticker) set it off, several times a load
-    # test. Frozen, a full collection walks only what requests made.
-    gc.collect()
-    gc.freeze()
+    freeze_loaded()
     print(f"serving {model.name} at http://{args.host}:{args.port}/v1 (drafter {args.options.drafter}; Ctrl-C stops)",
           file=sys.stderr)
     try:

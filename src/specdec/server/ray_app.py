@@ -90,7 +90,7 @@ class ModelReplica:
         from ray import serve
 
         import specdec
-        from specdec.server.app import Server
+        from specdec.server.app import Server, freeze_loaded
 
         if spec.torch_threads:
             import torch
@@ -109,6 +109,7 @@ class ModelReplica:
             self.memory_file = replica_memory_file(spec.memory, self.rank)
         self.server = Server(model, draft, spec.config)
         self.server.warm_up()
+        freeze_loaded()  # a replica is a server process: what it loaded lives as long as it does
         self.app = self.server.app()
         self.lifespan: Lifespan | None = None
         self.lock = asyncio.Lock()
