@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 LEVELS = (4, 8, 16)
+NOISE_LEVELS = (1, *LEVELS)  # a load test's twin servers without drafting give it at 1 client too
 
 
 def fit_forward_costs(ticks: dict) -> tuple[float, float]:
@@ -107,7 +108,7 @@ def main() -> None:
             "accepted_share_1_client": round(share, 3), "rejected_per_accepted_1_client": round(rejected, 3),
             "hindsight": {str(n): round(ceiling(share, a, b, n), 3) for n in LEVELS},
             "with_rejects": {str(n): round(ceiling(share, a, b, n, rejected), 3) for n in LEVELS},
-            "noise_floor": {str(n): noise_floor(lines, n) for n in LEVELS},
+            "noise_floor": {str(n): noise_floor(lines, n) for n in NOISE_LEVELS},
         }
     results = {
         "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),

@@ -6,6 +6,8 @@
 #   the same with --max-delay-share inf (drafts chosen for the batch's tokens per second alone),
 #   specdec serve with the model's default draft model (both models' forwards batched),
 #   specdec serve without drafting (plain decoding, batched),
+#   a second, identical server without drafting (specdec-plain-twin: two servers doing the same work
+#   in the same run, whose spread is the machine's noise floor for every ratio of the run),
 #   llama.cpp's llama-server (`make llama-peers`, a stock build) plain and with --model-draft, at
 #   --parallel equal to our --slots,
 #   and, when `make peers` / `make vllm` installed them, llama-cpp-python's server and vLLM on CPU.
@@ -97,6 +99,8 @@ run 8107 specdec-throughput .venv/bin/specdec serve --model "$MODEL" --backend l
     --max-delay-share inf
 run 8101 specdec-pair .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter model --slots "$SLOTS" --port 8101
 run 8102 specdec-plain .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" --port 8102
+run 8108 specdec-plain-twin .venv/bin/specdec serve --model "$MODEL" --backend llamacpp --drafter none --slots "$SLOTS" \
+    --port 8108
 run 8103 llama-server-plain "$LLAMA_BIN/llama-server" --model "$GGUF" --host 127.0.0.1 --port 8103 -c "$CTX" \
     -t "$(nproc)" --parallel "$SLOTS"
 if [ -n "$DRAFT_GGUF" ]; then
