@@ -24,7 +24,8 @@ machine gets past them.
 
 The noise floor. At a level where several servers verified no draft row (the same ticks, the same
 work), the spread of their tokens/s (largest over smallest) is the machine's, not the servers':
-the merged figure and each pass's.
+the merged figure and each pass's; ``twins``, that of the load test's two identical servers without
+drafting (``specdec-plain`` and ``specdec-plain-twin``), at every level.
 
     python scripts/load_ceiling.py --ticks bench-results/tick-costs/results.json \\
         --loadtest bench-results/loadtest-qwen/results.jsonl \\
@@ -74,10 +75,14 @@ def drafting_counts(lines: list[dict], server: str) -> tuple[float, float]:
     return counts["accepted"] / counts["generated"], (counts["drafted"] - counts["accepted"]) / counts["accepted"]
 
 
-def noise_floor(lines: list[dict], level: int) -> dict | None:
-    """The spread of tokens/s among the servers that drafted no row at ``level``: merged, and the
-    largest of the passes' (each pass runs every server in turn)."""
-    same = [x for x in lines if x.get("clients") == level and x.get("counts", {}).get("drafted") == 0]
+TWINS = ("specdec-plain", "specdec-plain-twin")  # the load test's two identical servers without drafting
+
+
+def noise_floor(lines: list[dict], level: int, servers: tuple[str, ...] | None = None) -> dict | None:
+    """The spread of tokens/s among the servers that drafted no row at ``level`` (of ``servers``
+    only, if given): merged, and the largest of the passes' (each pass runs every server in turn)."""
+    same = [x for x in lines if x.get("clients") == level and x.get("counts", {}).get("drafted") == 0
+            and (servers is None or x.get("server") in servers)]
     if len(same) < 2:
         return None
     merged = [x["tokens_per_s"] for x in same]
@@ -109,6 +114,7 @@ def main() -> None:
             "hindsight": {str(n): round(ceiling(share, a, b, n), 3) for n in LEVELS},
             "with_rejects": {str(n): round(ceiling(share, a, b, n, rejected), 3) for n in LEVELS},
             "noise_floor": {str(n): noise_floor(lines, n) for n in NOISE_LEVELS},
+            "twins": {str(n): noise_floor(lines, n, TWINS) for n in NOISE_LEVELS},
         }
     results = {
         "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),

@@ -59,4 +59,5 @@ def test_the_noise_floor_compares_only_servers_that_drafted_nothing(script):
     assert floor["servers"] == ["specdec", "specdec-plain"]
     assert floor["spread"] == pytest.approx(1.1) and floor["largest_pass_spread"] == pytest.approx(46 / 38, abs=1e-3)
     assert script.noise_floor(lines, 16) is None
+    assert script.noise_floor(lines, 8, ("specdec-plain", "specdec-plain-twin")) is None  # no twin ran
     assert script.drafting_counts(lines, "specdec") == pytest.approx((0.4, 0.25))
