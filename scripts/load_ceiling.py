@@ -116,6 +116,10 @@ def main() -> None:
             "noise_floor": {str(n): noise_floor(lines, n) for n in NOISE_LEVELS},
             "twins": {str(n): noise_floor(lines, n, TWINS) for n in NOISE_LEVELS},
         }
+        twins = [f for f in runs[Path(path).parent.name]["twins"].values() if f]
+        if twins:  # the widest the two identical servers were apart at any level
+            runs[Path(path).parent.name]["twins_widest"] = {
+                "spread": max(f["spread"] for f in twins), "pass_spread": max(f["largest_pass_spread"] for f in twins)}
     results = {
         "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),
         "context": ticks.get("context"), "forward_ms": round(a, 1), "row_ms": round(b, 1),
