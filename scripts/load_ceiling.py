@@ -108,7 +108,7 @@ def main() -> None:
     for path in args.loadtest:
         lines = [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
         share, rejected = drafting_counts(lines, args.server)
-        runs[Path(path).parent.name] = {
+        run = {
             "file": path, "commit": next((x["commit"] for x in lines if "run" in x), None),
             "accepted_share_1_client": round(share, 3), "rejected_per_accepted_1_client": round(rejected, 3),
             "hindsight": {str(n): round(ceiling(share, a, b, n), 3) for n in LEVELS},
@@ -116,10 +116,11 @@ def main() -> None:
             "noise_floor": {str(n): noise_floor(lines, n) for n in NOISE_LEVELS},
             "twins": {str(n): noise_floor(lines, n, TWINS) for n in NOISE_LEVELS},
         }
-        twins = [f for f in runs[Path(path).parent.name]["twins"].values() if f]
+        twins = [f for f in run["twins"].values() if f]
         if twins:  # the widest the two identical servers were apart at any level
-            runs[Path(path).parent.name]["twins_widest"] = {
-                "spread": max(f["spread"] for f in twins), "pass_spread": max(f["largest_pass_spread"] for f in twins)}
+            run["twins_widest"] = {"spread": max(f["spread"] for f in twins),
+                                   "pass_spread": max(f["largest_pass_spread"] for f in twins)}
+        runs[Path(path).parent.name] = run
     results = {
         "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),
         "context": ticks.get("context"), "forward_ms": round(a, 1), "row_ms": round(b, 1),

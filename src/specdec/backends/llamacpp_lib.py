@@ -42,7 +42,7 @@ def on_llama_thread(function: Callable[..., T], *args) -> T:
     return _LLAMA_THREAD.submit(_mark_and_call, function, *args).result()
 
 
-def _mark_and_call(function, *args):
+def _mark_and_call(function: Callable[..., T], *args) -> T:
     _on_llama_thread.yes = True
     return function(*args)
 
@@ -209,7 +209,6 @@ def kernel_selftest(ggml_type: int, rows: int, n_threads: int, faults: int = 0) 
     _state["decoded"] = True
     first = ctypes.c_int()
     tested, untested = ctypes.create_string_buffer(_NAMES_SIZE), ctypes.create_string_buffer(_NAMES_SIZE)
-
     differing = on_llama_thread(function, ggml_type, rows, n_threads, faults, ctypes.byref(first), tested,
                                 untested, _NAMES_SIZE)
     if differing == -1:
