@@ -217,7 +217,7 @@ async def _streamed(http, url: str, body: dict, t0: float | None = None) -> Resu
 TICK_COUNTERS = {"ticks": "specdec:batch_ticks_total", "sequences": "specdec:batch_sequences_total",
                  "drafted": "specdec:batch_draft_rows_total", "drafting": "specdec:batch_drafting_ticks_total",
                  "accepted": "specdec:spec_decode_num_accepted_tokens_total",
-                 "generated": "specdec:generation_tokens_total"}
+                 "generated": "specdec:generation_tokens_total", "decode_s": "specdec:batch_decode_seconds_total"}
 
 
 def batch_counters(url: str, api_key: str | None = None) -> dict[str, float] | None:
@@ -240,21 +240,27 @@ def batch_counters(url: str, api_key: str | None = None) -> dict[str, float] | N
         return None
 
 
-def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None) -> dict:
+def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float | None = None) -> dict:
     """What a level's ticks held, from the counters before and after it: sequences, draft rows
-    and accepted draft tokens per tick, ticks per generated token, and the share of ticks that
-    verified no draft (empty where the server counts no ticks)."""
+    and accepted draft tokens per tick, ticks per generated token, the share of ticks that
+    verified no draft, and, given the level's ``wall_s``, the milliseconds per tick spent outside
+    the ticks' forwards (everything a server does between them: the requests' engine steps,
+    drafting, streaming; empty where the server counts no ticks)."""
     if before is None or after is None:
         return {}
     d = {key: after[key] - before[key] for key in TICK_COUNTERS}
     if d["ticks"] <= 0:
         return {}
     ticks = d["ticks"]
-    return {"counts": {key: int(value) for key, value in d.items()},
-            "ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
-            "drafted_per_tick": round(d["drafted"] / ticks, 2), "accepted_per_tick": round(d["accepted"] / ticks, 2),
-            "ticks_per_token": round(ticks / d["generated"], 3) if d["generated"] > 0 else None,
-            "no_draft_share": round(1 - d["drafting"] / ticks, 3)}
+    figures = {"counts": {key: (round(value, 3) if key == "decode_s" else int(value)) for key, value in d.items()},
+               "ticks": int(ticks), "sequences_per_tick": round(d["sequences"] / ticks, 2),
+               "drafted_per_tick": round(d["drafted"] / ticks, 2), "accepted_per_tick": round(d["accepted"] / ticks, 2),
+               "ticks_per_token": round(ticks / d["generated"], 3) if d["generated"] > 0 else None,
+               "no_draft_share": round(1 - d["drafting"] / ticks, 3)}
+    if wall_s is not None:
+        figures["forward_ms_per_tick"] = round(1e3 * d["decode_s"] / ticks, 2)
+        figures["outside_ms_per_tick"] = round(1e3 * (wall_s - d["decode_s"]) / ticks, 2)
+    return figures
 
 
 def merge_passes(lines: list[dict]) -> list[dict]:
@@ -298,9 +304,9 @@ def _merged(passes: list[dict]) -> dict:
                  "tokens": tokens, "latencies_s": latencies, "ttfts_s": ttfts,
                  "tokens_per_s_by_pass": [p["tokens_per_s"] for p in passes],
                  "p95_s_by_pass": [p["p95_s"] for p in passes]})
-    if all("counts" in p for p in passes):
+    if all("counts" in p and set(TICK_COUNTERS) <= set(p["counts"]) for p in passes):
         counts = {key: sum(p["counts"][key] for p in passes) for key in TICK_COUNTERS}
-        line.update(tick_figures(dict.fromkeys(TICK_COUNTERS, 0), counts))
+        line.update(tick_figures(dict.fromkeys(TICK_COUNTERS, 0), counts, line["wall_s"]))
     return line
 
 
@@ -425,7 +431,7 @@ def main() -> None:
         before = batch_counters(args.url, args.api_key)
         report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
                                       stream=not args.no_stream, api_key=args.api_key))
-        ticks = tick_figures(before, batch_counters(args.url, args.api_key))
+        ticks = tick_figures(before, batch_counters(args.url, args.api_key), report.wall_s)
         texts = report.texts()
         if reference is None:
             reference = texts

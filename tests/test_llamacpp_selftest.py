@@ -279,29 +279,3 @@ def test_a_forward_on_amx_tiles_after_pytorchs_own_amx_kernels_on_the_same_threa
             "assert model.generate(prompt, max_new_tokens=4, drafter='none').token_ids == first\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-2000:]}"
-
-
-def test_every_llama_cpp_computation_runs_on_one_thread(monkeypatch):
-    """llama.cpp keeps an OpenMP team per thread that ever ran a forward; a second team made every
-    barrier of a forward sleep and wake (a one-row forward ~40% slower), so forwards from any thread
-    (requests, the batch's ticker, the main thread's warm-up) and the self-test run on one."""
-    import threading
-
-    ran_on = []
-
-    class Library:
-        def llama_decode(self, ctx, batch):
-            ran_on.append(threading.get_ident())
-            return 0
-
-    monkeypatch.setattr(llamacpp_lib, "lib", lambda: Library())
-    callers = [threading.Thread(target=llamacpp_lib.decode, args=(None, None)) for _ in range(3)]
-    for caller in callers:
-        caller.start()
-    for caller in callers:
-        caller.join()
-    llamacpp_lib.decode(None, None)
-    # a computation already on that thread that asks for another runs it there, without waiting on itself
-    assert llamacpp_lib.on_llama_thread(llamacpp_lib.on_llama_thread, threading.get_ident) == ran_on[0]
-    assert len(ran_on) == 4 and len(set(ran_on)) == 1
-    assert ran_on[0] not in {threading.get_ident(), *(caller.ident for caller in callers)}

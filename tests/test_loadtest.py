@@ -180,12 +180,19 @@ def test_a_request_that_got_no_answer_at_all_is_sent_again_and_counted(monkeypat
 
 
 def test_a_level_reports_what_its_ticks_held_from_the_servers_counters():
-    before = {"ticks": 100, "sequences": 400, "drafted": 50, "drafting": 20, "accepted": 30, "generated": 500}
-    after = {"ticks": 300, "sequences": 1900, "drafted": 250, "drafting": 70, "accepted": 130, "generated": 2100}
-    assert loadtest.tick_figures(before, after) == {
-        "counts": {"ticks": 200, "sequences": 1500, "drafted": 200, "drafting": 50, "accepted": 100, "generated": 1600},
+    before = {"ticks": 100, "sequences": 400, "drafted": 50, "drafting": 20, "accepted": 30, "generated": 500,
+              "decode_s": 10.0}
+    after = {"ticks": 300, "sequences": 1900, "drafted": 250, "drafting": 70, "accepted": 130, "generated": 2100,
+             "decode_s": 28.0}
+    figures = {
+        "counts": {"ticks": 200, "sequences": 1500, "drafted": 200, "drafting": 50, "accepted": 100, "generated": 1600,
+                   "decode_s": 18.0},
         "ticks": 200, "sequences_per_tick": 7.5, "drafted_per_tick": 1.0, "accepted_per_tick": 0.5,
         "ticks_per_token": 0.125, "no_draft_share": 0.75}
+    assert loadtest.tick_figures(before, after) == figures
+    # a level of 20 s whose ticks spent 18 s in their forwards: 90 ms a tick in them, 10 ms outside
+    assert loadtest.tick_figures(before, after, 20.0) == {**figures, "forward_ms_per_tick": 90.0,
+                                                          "outside_ms_per_tick": 10.0}
     assert loadtest.tick_figures(None, after) == {} and loadtest.tick_figures(before, before) == {}
 
 
@@ -207,7 +214,7 @@ def test_a_specdec_server_reports_its_ticks_per_level(monkeypatch, capsys):
         names = {"specdec:batch_ticks_total": t, "specdec:batch_sequences_total": 2 * t,
                  "specdec:batch_draft_rows_total": t, "specdec:batch_drafting_ticks_total": t / 3,
                  "specdec:spec_decode_num_accepted_tokens_total": t / 3,
-                 "specdec:generation_tokens_total": 2 * t / 3}
+                 "specdec:generation_tokens_total": 2 * t / 3, "specdec:batch_decode_seconds_total": t / 1000}
         return PlainTextResponse("# HELP ...\n" + "".join(f"{k} {v}\n" for k, v in names.items()))
 
     with serving(app) as url:
@@ -215,6 +222,8 @@ def test_a_specdec_server_reports_its_ticks_per_level(monkeypatch, capsys):
     for line in lines:
         assert line["ticks"] == 12 and line["sequences_per_tick"] == 2.0 and line["ticks_per_token"] == 1.5
         assert line["no_draft_share"] == pytest.approx(2 / 3, abs=1e-3)
+        assert line["forward_ms_per_tick"] == 1.0  # 1 ms a tick in forwards, the rest of the level outside
+        assert line["outside_ms_per_tick"] == pytest.approx(1e3 * line["wall_s"] / 12 - 1.0, abs=0.5)
     with serving(fake_server()) as url:  # no /metrics: no tick figures, the rest as ever
         line, = run_main(monkeypatch, capsys, url, "--clients", "1", "--requests", "2")
     assert "ticks" not in line and line["answered"] == 2
@@ -227,7 +236,7 @@ def _pass(server: str, tokens: int, wall: float, latencies: list[float], ticks: 
             "differ_from_first_level": 0, "compared_with_first_level": len(latencies)}
     if ticks is not None:
         line["counts"] = {"ticks": ticks, "sequences": 4 * ticks, "drafted": ticks, "drafting": ticks // 2,
-                          "accepted": ticks // 2, "generated": 2 * ticks}
+                          "accepted": ticks // 2, "generated": 2 * ticks, "decode_s": ticks / 10}
     return line
 
 
@@ -246,6 +255,8 @@ def test_passes_of_a_level_merge_into_one_line_over_all_their_requests():
     # Nearest rank over the 8 requests, as one pass of 8 would give.
     assert a["p50_s"] == 5.0 and a["p95_s"] == 8.0 and a["ttft_p50_s"] == 0.5
     assert a["ticks"] == 200 and a["sequences_per_tick"] == 4.0 and a["ticks_per_token"] == 0.5
+    # 20 s of the passes' 50 in the 200 ticks' forwards: 100 ms a tick in them, 150 outside
+    assert a["forward_ms_per_tick"] == 100.0 and a["outside_ms_per_tick"] == 150.0
     assert "ticks" not in merged[2]  # a server without counters has no tick figures
     # One pass alone stays as it was.
     assert loadtest.merge_passes([lines[1]]) == [lines[1]]

@@ -22,16 +22,36 @@ from specdec.errors import SpecdecError
 T = TypeVar("T")
 
 _state = {"decoded": False, "quiet": None}  # whether a forward ran; the silencing callback (kept alive)
-# One forward at a time in the process, all of them on one thread: each llama_decode already runs
-# on every core, so two at once (a target's batch and a draft model's, or two requests' models)
-# would only share the cores worse. And llama.cpp's CPU backend runs a forward as one OpenMP parallel
-# region with a barrier after each of its ~1,100 graph nodes, and OpenMP keeps a team of threads
-# for every thread that ever started one. Once a second thread had run a forward (the server's
-# batch after its warm-up on the main thread), the process held more OpenMP threads than cores,
-# so libgomp cut its spinning at barriers to almost nothing, every barrier slept and woke, and a
-# one-row forward of Qwen2.5-Coder-1.5B on 2 cores went from about 36 ms to 50-57 ms (the served
-# answers decoded at 47-57 ms a token against llama-server's 35-37, alternated request by request).
-_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-llama")
+# The process holds one OpenMP team, the llama thread's. llama.cpp's CPU backend runs a forward as
+# one OpenMP parallel region with a barrier after each of its ~1,100 graph nodes, and libgomp keeps
+# a team of threads for every thread that ever started a parallel region. Once the process holds
+# more OpenMP threads than cores, libgomp cuts its spinning at barriers to almost nothing and every
+# barrier sleeps and wakes: a one-row forward of Qwen2.5-Coder-1.5B on 2 cores went from about 36 ms
+# to 50-57 ms. Three things start teams outside the forward's thread, each closed here:
+# - forwards from several threads (the server's batch after its warm-up on the main thread): every
+#   forward of the process runs on one thread, the llama thread (each llama_decode already runs on
+#   every core, so two at once would only share the cores worse);
+# - loading weights into an AMX buffer (Intel Xeon with AMX): ggml repacks them into tiles inside an
+#   OpenMP parallel region on the loading thread; loads and contexts are made on the llama thread;
+# - PyTorch: the CPU wheel ships its own libgomp.so.1, whose soname satisfies llama.cpp's too, so
+#   both libraries share one OpenMP runtime, and any torch op over more than 32,768 elements (one
+#   softmax or division over a 152k vocabulary: every sampled token) starts a team on the calling
+#   thread. A process that runs llama.cpp keeps torch to one thread (:func:`lib`), measured: a
+#   one-row forward 34.8 ms, then 52.1 ms after one such op on the main thread; 32.6 ms with torch
+#   on one thread.
+_LLAMA_THREAD_NAME = "specdec-llama"
+
+
+def _name_llama_thread() -> None:
+    """Give the llama thread its name in the OS too (Linux), which its OpenMP workers inherit."""
+    try:
+        ctypes.CDLL(None).prctl(15, _LLAMA_THREAD_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=_LLAMA_THREAD_NAME,
+                                                      initializer=_name_llama_thread)
 _on_llama_thread = threading.local()
 
 
@@ -61,8 +81,31 @@ def lib():
 
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     _state["quiet"] = quiet  # a ctypes callback must outlive its registration
-    llama_cpp.llama_backend_init()
+    keep_torch_to_one_thread()
+    on_llama_thread(llama_cpp.llama_backend_init)
     return llama_cpp
+
+
+def keep_torch_to_one_thread() -> None:
+    """PyTorch's ops on one thread from here on, before any of them starts an OpenMP team that
+    would share the runtime with llama.cpp's (see the module's note on teams). What torch computes
+    beside llama.cpp are single rows of logits, which a second thread does not speed up; a
+    transformers model loaded later sets its own thread count (``--threads``)."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def load_model_file(path: str, params):
+    """``llama_model_load_from_file`` on the llama thread (an AMX buffer's repacking runs an OpenMP
+    region on the loading thread)."""
+    return on_llama_thread(lib().llama_model_load_from_file, path.encode(), params)
+
+
+def new_context(model, params):
+    """``llama_init_from_model`` on the llama thread (its graph reservation may compute)."""
+    return on_llama_thread(lib().llama_init_from_model, model, params)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ import ctypes
 import threading
 
 from specdec.backends.llamacpp_kernels import Kernels, Layout, context_params
-from specdec.backends.llamacpp_lib import decode, lib
+from specdec.backends.llamacpp_lib import decode, lib, new_context
 from specdec.errors import SpecdecError
 
 # Rows the repacked GEMM takes at a time (ggml-cpu's repack.cpp; the rest of a micro-batch runs on
@@ -66,7 +66,7 @@ class PromptRunner:
         if layout not in self._contexts:
             llama = lib()
             params = context_params(self.kernels, layout, self.n_batch, self.n_threads, self.n_ubatch)
-            ctx = llama.llama_init_from_model(self.model, params)
+            ctx = new_context(self.model, params)
             if not ctx:
                 raise SpecdecError("llama.cpp could not create a prompt context")
             self._contexts[layout] = (ctx, llama.llama_batch_init(self.n_batch, 0, 1))

@@ -14,7 +14,7 @@ import re
 import sys
 
 from specdec.backends.llamacpp_kernels import Layout, choose_kernels, context_params, exact_rows
-from specdec.backends.llamacpp_lib import REPACK_BUFFER, lib, log_captured
+from specdec.backends.llamacpp_lib import REPACK_BUFFER, lib, load_model_file, log_captured, new_context
 from specdec.backends.llamacpp_prompt import GEMM_ROWS, PromptCache, PromptRunner
 from specdec.cpu import usable_cpus
 from specdec.errors import SpecdecError
@@ -72,7 +72,7 @@ class LlamaCppWeights:
     def context(self, layout: Layout):
         """A llama.cpp context on these weights with their kernels and a KV ``layout``."""
         params = context_params(self.kernels, layout, self.n_batch, self.n_threads, self.n_ubatch)
-        ctx = lib().llama_init_from_model(self.model, params)
+        ctx = new_context(self.model, params)
         if not ctx:
             raise SpecdecError("llama.cpp could not create a context")
         return ctx
@@ -108,7 +108,7 @@ def load_model(path: str) -> tuple[object, tuple[str, ...], tuple[str, ...]]:
     with log_captured() as lines:
         params = llama_cpp.llama_model_default_params()
         params.use_extra_bufts = True
-        model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        model = load_model_file(path, params)
     text = b"".join(lines).decode(errors="replace")
     return model, tuple(dict.fromkeys(_BUFFERS.findall(text))), tuple(_TENSOR_TYPES.findall(text))
 
