@@ -148,17 +148,21 @@ def loadtest_ticks(path: str, servers: list[str] | None = None) -> str:
     names = [n for n in servers if n in names] if servers else names
     clients = sorted({line["clients"] for line in levels if line["server"] in names})
     at = {(line["server"], line["clients"]): line for line in levels}
+    timed = all("outside_ms_per_tick" in at[key] for key in at if key[0] in names)
     rows = ["| clients | " + " | ".join(f"`{n}`" for n in names) + " |", "|---:|" + "---:|" * len(names)]
     for c in clients:
         cells = []
         for n in names:
             t = at.get((n, c))
+            times = f" · {t['forward_ms_per_tick']:.1f} · {t['outside_ms_per_tick']:.2f}" if t and timed else ""
             cells.append("-" if t is None else
                          f"{t['sequences_per_tick']:.1f} · {t['drafted_per_tick']:.2f} · {t['accepted_per_tick']:.2f} · "
-                         f"{t['ticks_per_token']:.3f} · {100 * t['no_draft_share']:.0f}%")
+                         f"{t['ticks_per_token']:.3f} · {100 * t['no_draft_share']:.0f}%{times}")
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    times = (" · milliseconds per tick in its forwards · milliseconds per tick outside them (the level's wall "
+             "time less the forwards', over its ticks)") if timed else ""
     return ("Cells: sequences · draft rows · accepted draft tokens per tick · ticks per generated token · "
-            "share of ticks that verified no draft.\n\n" + "\n".join(rows) + "\n")
+            f"share of ticks that verified no draft{times}.\n\n" + "\n".join(rows) + "\n")
 
 
 KERNEL_SETTINGS = {
