@@ -214,6 +214,10 @@ BAD_INPUTS = [
     (["generate", "hi", "--model", "TINY", "--dtype", "float8"], "unknown --dtype"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
+    (["generate", "hi", "--model", "TINY", "--json-schema", "/no/such/schema.json"], "--json-schema: cannot read"),
+    (["generate", "hi", "--model", "TINY", "--json-schema", "NOTGGUF"], "not valid JSON"),
+    (["generate", "hi", "--model", "TINY", "--regex", "[a"], "unclosed character class"),
+    (["generate", "hi", "--model", "TINY", "--regex", "a+", "--grammar", "NOTGGUF"], "not allowed with argument"),
 ]
 
 
@@ -382,3 +386,16 @@ def test_prompt_plus_max_new_tokens_beyond_the_context_is_one_error_line(capsys,
                              "--max-new-tokens", "500")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "exceed the model's context of 512 tokens" in err, err
+
+
+def test_generate_follows_a_json_schema_file_with_any_drafter(capsys, tmp_path, tiny_model_dir):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    answers = []
+    for drafter in ("none", "ngram"):
+        code, out, err = run_cli(capsys, "generate", "zebra", "--model", str(tiny_model_dir), "--drafter", drafter,
+                                 "--json-schema", str(tmp_path / "schema.json"), "--max-new-tokens", "20")
+        assert code == 0, err
+        answers.append(out)
+    assert answers[0] == answers[1] and set(json.loads(answers[0])) == {"n"}

@@ -272,7 +272,7 @@ def test_an_option_declared_once_is_a_flag_a_keyword_and_a_body_field(budget_opt
     assert "probe_budget" in body_type.model_fields
     server = Server(tiny, config=ServeConfig(max_tokens=4))
     request = body_type.model_validate({"model": tiny.name, "prompt": PROMPT, "probe_budget": 6})
-    assert server.options(request, None)["probe_budget"] == 6
+    assert server.options(request, None, [1, 2, 3])["probe_budget"] == 6
     # A bad value reads the same in all three.
     expected = _message(dict(probe_budget=0))
     assert expected == "probe_budget must be >= 1, got 0"

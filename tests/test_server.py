@@ -135,6 +135,15 @@ def test_models_health_and_metrics(served, client, tiny):
     (json.dumps({"model": "MODEL", "prompt": [10 ** 9]}).encode(), 400, "outside the vocabulary"),
     (json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), 404, "not served here"),
     (json.dumps({"model": "MODEL", "prompt": "x" * 70_000}).encode(), 413, "larger than"),
+    # nothing silently ignored: a field the server does not implement, or a value it cannot honour
+    (json.dumps({"model": "MODEL", "prompt": "hi", "frobnicate": 1}).encode(), 400,
+     "frobnicate: not a field specdec serve implements"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "best_of": 2}).encode(), 400, "best_of: not a field"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "frequency_penalty": 0.5}).encode(), 400,
+     "frequency_penalty: not supported"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "logit_bias": {"5": 10}}).encode(), 400, "logit_bias"),
+    (json.dumps({"model": "MODEL", "prompt": "hi", "stream_options": {"include_usage": True, "x": 1}}).encode(),
+     400, "stream_options.x"),
 ])
 def test_bad_requests_get_openai_style_errors(served, tiny, body, status, words):
     url = served[0]
@@ -158,11 +167,97 @@ def test_unknown_routes_and_methods(served):
 
 def test_chat_errors(served, tiny):
     url = served[0] + "/v1/chat/completions"
+    user = {"role": "user", "content": "hi"}
     for body, words in (({"model": tiny.name, "messages": []}, "messages"),
                         ({"model": tiny.name, "messages": [{"role": "robot", "content": "hi"}]}, "role"),
-                        ({"model": tiny.name, "messages": [{"role": "user", "content": 5}]}, "content")):
+                        ({"model": tiny.name, "messages": [{"role": "user", "content": 5}]}, "content"),
+                        ({"model": tiny.name, "messages": [user],
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                              "type": "object", "properties": {"a": {"type": "frob"}}}}}},
+                         "could not be compiled: Invalid type: frob"),
+                        ({"model": tiny.name, "messages": [user], "response_format": {"type": "json_schema"}},
+                         "response_format"),
+                        ({"model": tiny.name, "messages": [user], "regex": "[unclosed"}, "unclosed character class"),
+                        ({"model": tiny.name, "messages": [user], "tools": [{"type": "function"}]},
+                         "tools: not supported"),
+                        ({"model": tiny.name, "messages": [user], "top_logprobs": 3}, "top_logprobs"),
+                        ({"model": tiny.name, "messages": [{**user, "name": "alice"}]}, "messages.0.name"),
+                        ({"model": tiny.name, "messages": [user, {"role": "assistant", "content": "x",
+                                                                  "tool_calls": [{"id": "1"}]}]}, "tool_calls")):
         response = httpx.post(url, json=body)
-        assert response.status_code == 400 and words in response.json()["error"]["message"]
+        assert response.status_code == 400 and words in response.json()["error"]["message"], response.text
+
+
+def test_advisory_fields_and_neutral_values_are_accepted(served, tiny):
+    """OpenAI's fields that cannot change an answer, and the values that ask for nothing (what
+    SDKs send back with an assistant's earlier message), leave the answer as it is without them."""
+    url = served[0] + "/v1/chat/completions"
+    messages = [{"role": "user", "content": "hello world"}]
+    plain = httpx.post(url, json={"model": tiny.name, "messages": messages, "max_tokens": 6, "temperature": 0})
+    assert plain.status_code == 200, plain.text
+    body = {"model": tiny.name, "max_tokens": 6, "temperature": 0, "user": "u-1", "metadata": {"k": "v"},
+            "store": False, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+            "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "top_logprobs": 0,
+            "messages": [{"role": "user", "content": "hello world", "refusal": None, "annotations": [],
+                          "tool_calls": None}]}
+    answer = httpx.post(url, json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+
+
+BOUNDED = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,3}$"},
+                                            "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+           "required": ["name", "age"], "additionalProperties": False,
+           "x-guidance": {"whitespace_flexible": False}}  # a random model would wander in free whitespace
+
+
+def test_a_json_schema_answer_streamed_or_not_is_valid_and_equals_generate(served, tiny):
+    """``response_format`` json_schema through the server: whole and streamed, the answer follows
+    the schema and is the same request's ``generate`` answer; a schema that does not compile is a
+    400 before any byte of a stream."""
+    url = served[0] + "/v1/chat/completions"
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    body = {"model": tiny.name, "messages": messages, "max_tokens": 24, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": BOUNDED}}}
+    whole = httpx.post(url, json=body, timeout=60).json()
+    text = whole["choices"][0]["message"]["content"]
+    expected = tiny.generate("the quick brown fox", chat=True, max_new_tokens=24, response_format=BOUNDED)
+    assert text == expected.text and whole["choices"][0]["finish_reason"] == "stop"
+    value = json.loads(text)
+    assert set(value) == {"name", "age"} and 0 <= value["age"] <= 99
+    parts = []
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                parts.append(delta.get("content") or "")
+    assert "".join(parts) == text
+    bad = {**body, "stream": True, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frob"}}}}}}
+    response = httpx.post(url, json=bad, timeout=60)
+    assert response.status_code == 400 and "frob" in response.json()["error"]["message"]
+
+
+def test_a_request_without_max_tokens_runs_until_the_context_is_full(tiny):
+    """As OpenAI's API and llama-server: no max_tokens, no limit but the context (the tiny model
+    never says its end-of-sequence token after "zebra", so its answer fills the context);
+    ``--max-tokens`` caps every request, one that asks for more too."""
+    context = tiny.loaded.backend().max_length
+    prompt = "zebra"
+    prompt_tokens = len(tiny.encode(prompt))
+    uncapped = Server(tiny, config=ServeConfig(slots=1))
+    with serving(uncapped.app(), timeout=30) as url:
+        out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": prompt, "temperature": 0},
+                         timeout=120).json()
+        assert out["usage"]["completion_tokens"] == context - prompt_tokens
+        assert out["choices"][0]["finish_reason"] == "length"
+        full = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": [5] * context}).json()
+        assert "leaves no room" in full["error"]["message"]
+    capped = Server(tiny, config=ServeConfig(slots=1, max_tokens=7))
+    with serving(capped.app(), timeout=30) as url:
+        for body, tokens in (({}, 7), ({"max_tokens": 100}, 7), ({"max_tokens": 3}, 3)):
+            out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": prompt, **body}).json()
+            assert out["usage"]["completion_tokens"] == tokens, body
 
 
 def running(url: str) -> float:
@@ -407,23 +502,29 @@ class FakeServed:
     def metrics_text(self) -> str:
         return "fake_metric 1\n"
 
-    def options(self, req, max_tokens):
+    def options(self, req, max_tokens, prompt):
         from specdec.options import GenerationOptions
 
         return GenerationOptions(max_new_tokens=max_tokens or 3)
+
+    def prompt_ids(self, prompt):
+        return [7] if isinstance(prompt, str) else prompt
+
+    def constraint(self, req):
+        return None
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         self.calls.append(f"chat:{messages[-1]['content']}")
         return [1, 2]
 
-    async def generate(self, prompt, opts, request, t0, tenant=None):
+    async def generate(self, prompt, opts, request, t0, tenant=None, constraint=None):
         from specdec.api import Output
         from specdec.stats import GenerationStats
 
         self.calls.append(f"generate:{prompt}:{opts.max_new_tokens}")
         return Output("ok", [5], list(prompt), "length", GenerationStats(new_tokens=1))
 
-    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None):
+    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None, constraint=None):
         yield ""
         yield "data: [DONE]\n\n"
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.constraints import spec_of
 from specdec.drafters.base import Drafter
 from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
 from specdec.errors import SpecdecError
@@ -184,11 +185,18 @@ class Model:
         ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop``, and any drafter's own options);
         keywords override ``options``. ``drafter`` and ``policy`` may also be objects.
         ``verify`` is ``coupled`` (default: the same seed gives the same text with any drafter) or
-        ``rejection`` (classic rejection sampling for model drafters). ``chat`` wraps a text
+        ``rejection`` (classic rejection sampling for model drafters). ``response_format`` (a JSON
+        Schema as a dict, JSON text or pydantic model class, or OpenAI's ``{"type": "json_schema",
+        ...}`` / ``{"type": "json_object"}``), ``regex`` or ``grammar`` (Lark, or GBNF) constrain
+        the answer (:mod:`specdec.constraints`): greedy output is plain constrained decoding's,
+        token for token, whatever the drafter. ``chat`` wraps a text
         prompt in the chat template; ``trace`` records each step's probabilities (p, q and
         min(1, p/q)) in the step records. ``tenant`` keeps a server's clients apart: whose index
         of earlier outputs the drafter uses (:meth:`specdec.loaded.LoadedModel.tenant_state`).
         """
+        # The constraint is no generation option (a schema or grammar, not a flag's value): kept aside.
+        spec = kwargs.pop("constraint", None) or spec_of(kwargs.pop("response_format", None), kwargs.pop("regex", None),
+                                                         kwargs.pop("grammar", None))
         # Objects are not option values: kept aside, the options name the drafter where it is registered.
         drafter_obj = kwargs.pop("drafter") if isinstance(kwargs.get("drafter"), Drafter) else None
         policy_obj = kwargs.pop("policy") if isinstance(kwargs.get("policy"), DraftPolicy) else None
@@ -199,13 +207,15 @@ class Model:
         stops = StopStrings(list(opts.stop), codec)
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
         config = DecodeConfig.of(opts, self.eos_token_ids, stops.hit if stops else None, record=trace)
+        constraint = self.loaded.grammar(spec).start() if spec is not None else None
         made = drafter_obj or self.drafter(opts.drafter, draft_model, opts, tenant=tenant)
         try:
             # Plain decoding has no draft lengths to choose: one plain step at a time.
             chosen = (policy_obj or self.policy(opts.policy, opts.num_draft)) if made.drafts else FixedK(1)
             backend = pool.take()
             try:
-                return DecodeRun(backend, ids, config, made, chosen, release=pool.give, options=opts)
+                return DecodeRun(backend, ids, config, made, chosen, release=pool.give, options=opts,
+                                 constraint=constraint)
             except BaseException:
                 pool.give(backend)
                 raise

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specdec import constraints
 from specdec import tree as trees
 from specdec.backends.base import Backend
+from specdec.constraints import Constraint
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions, check_fields, copy_into, same_as
@@ -27,6 +29,7 @@ from specdec.types import Draft, StepTrace
 from specdec.verify import verify
 
 FinishReason = Literal["length", "eos", "stop"]
+GRAMMAR = "grammar"  # the source of a draft of a constraint's forced tokens (Draft.extra)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class DecodeRun:
     def __init__(self, target: Backend, prompt: Sequence[int], config: DecodeConfig,
                  drafter: Drafter | None = None, policy: DraftPolicy | None = None,
                  release: Callable[[Backend], None] | None = None,
-                 options: GenerationOptions | None = None) -> None:
+                 options: GenerationOptions | None = None, constraint: Constraint | None = None) -> None:
         self.prompt = check_token_ids(prompt, target.vocab_size)
         limit = target.max_length
         if limit is not None and len(self.prompt) + config.max_new_tokens > limit:
@@ -99,6 +102,10 @@ class DecodeRun:
         self.result = Generation(seed=None if config.sampling.greedy else self.sampler.seed)
         self.done = False
         self.options = options
+        # The grammar the answer must follow (specdec.constraints): the target's logits are masked
+        # to it at every position, drafts are cut where it forbids them, and its forced tokens are
+        # drafts of their own.
+        self.constraint = constraint
         self._release = release
         self._started = False
         self._closed = False
@@ -161,6 +168,7 @@ class DecodeRun:
             draft, offer = self._draft(tokens, cfg.max_new_tokens - len(out))
             t1 = time.perf_counter()
             base = self.target.length  # == len(tokens) - 1
+            masks = self.constraint.masks(draft.tokens) if self.constraint is not None else None
             if offer is not None:  # the batch chooses how much of the draft to verify
                 logits = self.target.extend_offer([tokens[-1], *draft.tokens], offer)
                 taken = logits.shape[0] - 1
@@ -170,14 +178,20 @@ class DecodeRun:
                 logits = self.target.extend([tokens[-1], *draft.tokens], tree=[-1, *(p + 1 for p in draft.parents)])
             else:
                 logits = self.target.extend([tokens[-1], *draft.tokens])
+            if masks is not None:
+                logits = constraints.apply(logits, masks)
             verdict = verify(draft, logits, self.sampler, len(tokens), record=cfg.record)
             if draft.is_tree:
                 self.target.truncate(base, keep=[0, *(i + 1 for i in verdict.path)])
             else:
                 self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
-            # What the drafter learns from the verification is drafting work: timed as such.
-            self.drafter.verified(draft, verdict, [tokens[-1], *draft.tokens], logits)
+            # What the drafter learns from the verification is drafting work: timed as such. A
+            # draft of the grammar's forced tokens is none of the drafter's: it saw a plain step.
+            if (draft.extra or {}).get("source") == GRAMMAR:
+                self.drafter.verified(Draft([]), verdict, [tokens[-1]], logits[:1])
+            else:
+                self.drafter.verified(draft, verdict, [tokens[-1], *draft.tokens], logits)
             t3 = time.perf_counter()
 
             position = len(out)
@@ -189,6 +203,8 @@ class DecodeRun:
                     self.done = True
                     break
             tokens.extend(emitted)
+            if self.constraint is not None:
+                self.constraint.consume(emitted)
             # A draft that priced its own verification was not a plain forward of its length: no
             # point on the forward-cost curve.
             timed = t2 - t1 if draft.verify_cost is None else 0.0
@@ -213,16 +229,28 @@ class DecodeRun:
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
         # The policy weighs what a drafted token costs here (the drafter's price) against what
         # verification saves.
-        most = self.policy.max_k(self.drafter.token_cost(tokens))
+        # Plain decoding stays the baseline: one masked step a token, no grammar drafts either.
+        forced = self.constraint.forced() if self.constraint is not None and self.drafter.drafts else []
+        most = self.policy.max_k(0.0 if forced else self.drafter.token_cost(tokens))
         k = min(most, remaining - 1)
         if k <= 0:
             return Draft([]), None
-        draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
-        draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
-        if draft.is_tree and not self.target.supports_tree:
-            draft = draft.subset(best_path(draft))
+        if forced:  # known without a model: the target's masked choice there is these tokens' or none
+            draft = Draft(forced[:k], confidence=[1.0] * min(k, len(forced)), extra={"source": GRAMMAR})
+        else:
+            draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
+            draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
+        if draft.is_tree and (not self.target.supports_tree or self.constraint is not None):
+            draft = draft.subset(best_path(draft))  # a grammar's state follows one path: chains only
         elif draft.is_tree and self.target.max_tree is not None:
             draft = draft.truncated(self.target.max_tree - 1)  # nodes are best-first: a prefix is a tree
+        # Never verify what the grammar forbids, where verification keeps a token by the target's
+        # choice, which never is a forbidden token. A draft drawn at random and checked by rejection
+        # sampling keeps its forbidden token: rejected there (p = 0), the target's token comes from
+        # the residual max(0, p - q), where cutting the draft would draw it from p.
+        if self.constraint is not None and not forced and (self.sampler.greedy or self.sampler.coupled
+                                                           or draft.q is None):
+            draft = draft.truncated(self.constraint.allowed_prefix(draft.tokens))
         if not draft.tokens:
             return draft, None
         if self.target.chooses_lengths and not draft.is_tree:

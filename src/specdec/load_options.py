@@ -107,10 +107,12 @@ class ServeOptions:
 
     slots: int = declare(4, "generations in progress at once, each with its own KV cache; more wait in line",
                          at_least(1), metavar="N")
-    # The max_new_tokens of requests that do not say (OpenAI's max_tokens, hence its name): what
+    # A cap on every request's max_new_tokens (OpenAI's max_tokens, hence its name): what
     # max_new_tokens accepts, it accepts.
-    max_tokens: int = declare(256, "new tokens for a request that gives no max_tokens", core("max_new_tokens").check,
-                              metavar="N")
+    max_tokens: int | None = declare(None, "the most new tokens any request gets (default: no cap; a request "
+                                           "without max_tokens runs until the model stops or its context is full, "
+                                           "as OpenAI's API and llama-server do)", core("max_new_tokens").check,
+                                     metavar="N")
     batch: bool | None = declare(None, "continuous batching: the running generations' steps go into one forward "
                                        "(default: on where the backend can, llama.cpp; with exact kernels no answer "
                                        "changes)")

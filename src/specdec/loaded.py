@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.backends.base import Backend, BatchedSequences
+from specdec.constraints import Grammar, Spec, grammar_tokenizer
 from specdec.context import DraftContext, Learned
 from specdec.costs import CostModel, calibrated
 from specdec.devices import device_tag
@@ -131,6 +132,16 @@ class LoadedModel:
         self._default_draft_lock = threading.Lock()
         self._tenants: OrderedDict[str, tuple[NgramMemory | None, Learned]] = OrderedDict()
         self._tenants_lock = threading.Lock()
+        self._grammar_tokenizer = None  # llguidance's view of the tokenizer (built on first use, ~1 s)
+        self._grammar_lock = threading.Lock()
+
+    def grammar(self, spec: Spec) -> Grammar:
+        """``spec`` compiled for this model's tokenizer (a :class:`SpecdecError` with the grammar
+        engine's message if it cannot be)."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.logit_width, self.eos_token_ids)
+        return Grammar(spec, self._grammar_tokenizer)
 
     @property
     def backend_name(self) -> str:

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdec.commands.common import (add_generation_options, add_model_options, check_context, check_positive,
@@ -33,6 +34,12 @@ def add_parser(sub) -> None:
     add_model_options(gen)
     add_generation_options(gen, max_new_tokens=128)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="the answer is JSON valid against this JSON Schema (a file; greedy output is plain "
+                            "constrained decoding's, token for token, with any drafter)")
+    shape.add_argument("--regex", metavar="PATTERN", help="the answer matches this regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="the answer follows this grammar (a file: Lark, or GBNF)")
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding and report the speed-up with its spread, the counters that "
                           "explain it and whether the tokens match: after a warm-up of each, plain and "
@@ -54,6 +61,7 @@ def check_args(args: argparse.Namespace) -> None:
 
     check_prompt(args.prompt)
     args.options = generation_options(args)
+    args.constraint = constraint_of(args)
     if args.repeats is not None and not args.compare:
         raise SpecdecError("--repeats sets how many pairs of runs --compare times: add --compare")
     check_positive(args.repeats, "--repeats")
@@ -61,6 +69,25 @@ def check_args(args: argparse.Namespace) -> None:
         from specdec.trace import check_path
 
         check_path(args.trace)
+
+
+def constraint_of(args: argparse.Namespace):
+    """The constraint ``--json-schema``, ``--regex`` or ``--grammar`` asks for (None: none); its
+    file read and its form checked (whether it compiles is known once the tokenizer is loaded)."""
+    from specdec.constraints import spec_of
+
+    def text(path: str, flag: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecdecError(f"{flag}: cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") \
+                from None
+
+    if args.json_schema:
+        return spec_of(response_format=text(args.json_schema, "--json-schema"))
+    if args.grammar:
+        return spec_of(grammar=text(args.grammar, "--grammar"))
+    return spec_of(regex=args.regex) if args.regex is not None else None
 
 
 def check_model_files(args: argparse.Namespace) -> None:
@@ -104,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
         # One seed for every run: each draws the same text, so the runs compared did the same work.
         options = options.with_(seed=random_seed())
-    kwargs = dict(options=options, draft_model=draft_model, chat=args.chat)
+    kwargs = dict(options=options, draft_model=draft_model, chat=args.chat, constraint=args.constraint)
     prompt_ids = model.encode(args.prompt, chat=args.chat)
     reset = start_state(model, draft_model, args.memory) if args.compare else None
     out = records = None

@@ -11,6 +11,7 @@ sampling fields over them, then specdec's own body fields.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
@@ -21,6 +22,7 @@ from fastapi import FastAPI, Request
 
 from specdec import option_forms
 from specdec.api import Model, Output
+from specdec.constraints import Spec, spec_of
 from specdec.loaded import LoadedModel
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
@@ -36,6 +38,11 @@ from specdec.server.settings import ServeConfig
 from specdec.text import StopStrings, TextDeltas
 
 
+# The longest answer to a request without max_tokens where the backend's context has no bound
+# (a toy backend; real ones hold a bounded KV cache and run until it is full).
+UNBOUNDED_ANSWER = 4096
+
+
 class Server:
     """A loaded model (and optional draft model) behind the OpenAI API."""
 
@@ -48,6 +55,8 @@ class Server:
         self.metrics = ServerMetrics()
         self.scheduler: Scheduler | None = None
         self.started = time.time()
+        self._context: int | None = None  # tokens a sequence holds (context_tokens)
+        self._context_lock = threading.Lock()
         loaded, draft = model.loaded, self.draft_model
         if self.config.batch is None:
             self.config = replace(self.config, batch=loaded.can_batch)
@@ -71,6 +80,25 @@ class Server:
         if POLICIES.get(defaults.policy).uses_costs:
             self.model.loaded.cost_model()
         self.model.generate("Hello", options=defaults.with_(max_new_tokens=2), draft_model=self.draft_model)
+        self.context_tokens()
+
+    def context_tokens(self) -> int:
+        """The tokens a generation's KV cache holds, prompt and answer (read once from a sequence
+        of the model: the batch's, where the server batches)."""
+        with self._context_lock:  # one sequence leased at a time: the batch has no more than its slots
+            if self._context is None:
+                with self.model.loaded.pool.lease() as backend:
+                    self._context = backend.max_length or 0
+            return self._context
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion's prompt as token ids (a chat's are the template's already)."""
+        if not isinstance(prompt, str):
+            return prompt
+        try:
+            return self.model.encode(prompt)
+        except SpecdecError as exc:
+            raise ApiError(400, str(exc), param="prompt") from None
 
     def names(self) -> list[str]:
         return [self.model.name]
@@ -98,15 +126,34 @@ class Server:
             raise ApiError(400, str(exc), param="messages") from None
 
     # -- requests -> generations --------------------------------------------------------------------
-    def options(self, req: Common, max_new_tokens: int | None) -> GenerationOptions:
+    def options(self, req: Common, max_new_tokens: int | None, prompt: list[int]) -> GenerationOptions:
         """The options ``req`` runs with: the server's defaults, OpenAI's fields over them, then
         specdec's own fields. A bad value is a 400 with the message the CLI gives for it, the
-        option named as the body names it (``max_tokens``)."""
+        option named as the body names it (``max_tokens``).
+
+        A request without ``max_tokens`` runs until the model stops or the context is full (as
+        OpenAI's API and llama-server do); ``--max-tokens``, where set, caps every request."""
         if req.model not in self.names():
             raise ApiError(404, f"model {req.model!r} is not served here (try {self.model.name!r})",
                            param="model", code="model_not_found")
+        cap = self.config.max_tokens
+        if max_new_tokens is None:
+            context = self.context_tokens()
+            room = context - len(prompt) if context else UNBOUNDED_ANSWER
+            if room < 1:
+                raise ApiError(400, f"the prompt ({len(prompt)} tokens) leaves no room for an answer in the "
+                                    f"model's context of {context} tokens", code="context_length_exceeded")
+            max_new_tokens = room if cap is None else min(cap, room)
+        else:
+            context = self.context_tokens()
+            if context and len(prompt) + max_new_tokens > context:  # OpenAI's answer too, whatever the cap
+                raise ApiError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_new_tokens}) exceed the "
+                                    f"model's context of {context} tokens", param="max_tokens",
+                               code="context_length_exceeded")
+            if cap is not None:
+                max_new_tokens = min(cap, max_new_tokens)
         base = self.config.defaults.with_(
-            max_new_tokens=self.config.max_tokens if max_new_tokens is None else max_new_tokens,
+            max_new_tokens=max_new_tokens,
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop or ())
         chosen = {o.name: getattr(req, o.name, None) for o in specdec_fields()}
         try:
@@ -115,27 +162,37 @@ class Server:
             option = getattr(exc, "option", None)
             raise ApiError(400, str(exc), param=option and option_forms.body_name(option)) from None
 
-    def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None) -> DecodeRun:
+    def constraint(self, req: Common) -> Spec | None:
+        """What the answer must follow: ``response_format`` (OpenAI's), or specdec's ``regex`` or
+        ``grammar`` (Lark or GBNF); a 400 for a malformed one (one that does not compile gets its
+        400 when the generation starts, before any byte is streamed)."""
+        try:
+            return spec_of(req.response_format, req.regex, req.grammar)
+        except SpecdecError as exc:
+            raise ApiError(400, str(exc), param="response_format") from None
+
+    def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None,
+               constraint: Spec | None = None) -> DecodeRun:
         # Tenants apart unless the server shares one index (specdec.server.tenants).
         tenant = None if self.config.shared_index else tenant
         try:
-            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant)
+            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant, constraint=constraint)
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
     async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions,
-                       tenant: str | None = None) -> DecodeRun:
+                       tenant: str | None = None, constraint: Spec | None = None) -> DecodeRun:
         """A started generation; a request cancelled meanwhile still gets it, and closes it."""
         with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant)
+            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant, constraint)
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None) -> Output:
+                       t0: float, tenant: str | None = None, constraint: Spec | None = None) -> Output:
         """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
         request came (its latency is observed once the answer is complete); ``tenant``: whose
         index of earlier outputs it drafts from (:mod:`specdec.server.tenants`)."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant)
+            run = await self._started(prompt, opts, tenant, constraint)
             try:
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for _ in steps:
@@ -149,12 +206,13 @@ class Server:
         return out
 
     async def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer,
-                     include_usage: bool, t0: float, tenant: str | None = None) -> AsyncIterator[str]:
+                     include_usage: bool, t0: float, tenant: str | None = None,
+                     constraint: Spec | None = None) -> AsyncIterator[str]:
         """Server-sent events: first the opening chunk (or "" if the answer has none) once the
         generation has started, then one chunk per step that released text, the finish reason,
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant)
+            run = await self._started(prompt, opts, tenant, constraint)
             codec = self.model.loaded.codec
             deltas = TextDeltas(codec, StopStrings(list(opts.stop), codec))
             first = True

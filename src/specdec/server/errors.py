@@ -44,6 +44,8 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
             message = "the request body is not valid JSON"
         elif first.get("type") == "missing":
             message = f"missing field: {where}"
+        elif first.get("type") == "extra_forbidden":  # never ignored: the client would get another answer
+            message = f"{where}: not a field specdec serve implements"
         else:
             message = f"{where}: {first.get('msg', 'invalid value')}".lstrip(": ")
         return ApiError(400, message, param=where or None).response()

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from specdec.api import Output
 from specdec.options import GenerationOptions
 from specdec.server.errors import ApiError
+from specdec.constraints import Spec
 from specdec.server.openai import Answer, ChatCompletion, Completion
 from specdec.server.schemas import ChatRequest, Common, CompletionRequest, with_specdec_fields
 from specdec.server.tenants import tenant_of
@@ -36,15 +37,19 @@ class Served(Protocol):
 
     def metrics_text(self) -> str: ...
 
-    def options(self, req: Common, max_new_tokens: int | None) -> GenerationOptions: ...
+    def options(self, req: Common, max_new_tokens: int | None, prompt: list[int]) -> GenerationOptions: ...
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]: ...
+
+    def constraint(self, req: Common) -> Spec | None: ...
 
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None) -> Output: ...
+                       t0: float, tenant: str | None = None, constraint: Spec | None = None) -> Output: ...
 
     def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer, include_usage: bool,
-               t0: float, tenant: str | None = None) -> AsyncIterator[str]: ...
+               t0: float, tenant: str | None = None, constraint: Spec | None = None) -> AsyncIterator[str]: ...
 
 
 def router(server: Served) -> APIRouter:
@@ -68,24 +73,27 @@ def router(server: Served) -> APIRouter:
     @routes.post("/v1/completions")
     async def completions(req: CompletionBody, request: Request):
         t0 = time.perf_counter()
-        opts = server.options(req, req.max_new_tokens)
+        prompt = server.prompt_ids(req.prompt)
+        opts = server.options(req, req.max_new_tokens, prompt)
+        constraint = server.constraint(req)
         answer = Completion(req.model)
         tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(req.prompt, opts, answer, include_usage(req), t0, tenant))
-        return answer.whole(await server.generate(req.prompt, opts, request, t0, tenant))
+            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint))
+        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint))
 
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
         t0 = time.perf_counter()
-        opts = server.options(req, req.max_new_tokens)
         prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                                      for m in req.messages])
+        opts = server.options(req, req.max_new_tokens, prompt)
+        constraint = server.constraint(req)
         answer = ChatCompletion(req.model)
         tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant))
-        return answer.whole(await server.generate(prompt, opts, request, t0, tenant))
+            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint))
+        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint))
 
     return routes
 

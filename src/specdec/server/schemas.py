@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI API as the server accepts them (pydantic, strict types).
 
-Fields the OpenAI API has and specdec does not use (``user``, ``frequency_penalty`` at 0, ...) are
-ignored; ones that would change the answer and are not supported (``n`` > 1, ``logprobs``,
-``echo``, ...) are refused with a 400 rather than silently dropped.
+Nothing is silently dropped: a field the server does not implement is refused with a 400 naming it.
+The exceptions are OpenAI's fields that cannot change an answer (:data:`ADVISORY`: ``user``,
+``metadata``, ...), accepted and ignored, and fields sent with the value that asks for nothing
+(:data:`NEUTRAL`: ``frequency_penalty`` 0, ``logit_bias`` {}, ``response_format`` text, ...),
+which the SDKs and agents send as a matter of course; any other value of those is refused too.
 
 specdec's own fields (``drafter``, ``num_draft``, ``policy``, ``tree``, ``verify`` and every
 drafter-declared option; the openai client sends them with ``extra_body``) are not spelled out
@@ -13,6 +15,7 @@ that OpenAI has no field for, when the app is built. They are typed here and che
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model, \
@@ -25,15 +28,28 @@ Number = StrictInt | StrictFloat
 STRICT: dict[type, Any] = {int: StrictInt, float: Number, bool: StrictBool, str: StrictStr}
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+# OpenAI's fields that do not change an answer (its documentation: end-user ids, stored-completion
+# flags and tags, the processing tier, prompt-cache routing keys): accepted and ignored.
+ADVISORY = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+# OpenAI's fields with a value that asks for nothing, by field: accepted with it, refused with any other.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "top_logprobs": (0,),
+    "tools": ([],), "tool_choice": ("none",),
+}
+
+
+class Strict(BaseModel):
+    """A part of a request body: every field it carries is one the server implements."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
     include_usage: StrictBool = False
 
 
-class Common(BaseModel):
+class Common(Strict):
     """Fields shared by completions and chat completions."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: StrictStr
     max_tokens: StrictInt | None = None
@@ -46,11 +62,33 @@ class Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: StrictInt = 1
     logprobs: StrictBool | StrictInt | None = None
+    # What the answer must follow (specdec.constraints): OpenAI's response_format ({"type":
+    # "json_schema", "json_schema": {"schema": ...}}, {"type": "json_object"} or {"type": "text"}),
+    # or specdec's own regex or grammar (Lark, or GBNF: llama-server's field name).
+    response_format: dict[str, Any] | None = None
+    regex: StrictStr | None = None
+    grammar: StrictStr | None = None
 
     @property
     def max_new_tokens(self) -> int | None:
         """OpenAI's ``max_tokens``, by specdec's name (None: the server's default)."""
         return self.max_tokens
+
+    @model_validator(mode="before")
+    @classmethod
+    def _advisory_or_neutral(cls, body: Any) -> Any:
+        """OpenAI's advisory fields dropped, neutral values taken as absent; any other value of a
+        neutral field refused."""
+        if not isinstance(body, dict):
+            return body
+        body = {k: v for k, v in body.items() if k not in ADVISORY}
+        for name, neutral in NEUTRAL.items():
+            if name in body:
+                value = body.pop(name)
+                if value is not None and not any(value == n and type(value) is type(n) for n in neutral):
+                    raise ValueError(f"{name}: not supported by specdec serve (only "
+                                     f"{' or '.join(json.dumps(n) for n in neutral)} is accepted)")
+        return body
 
     @model_validator(mode="after")
     def _supported(self):
@@ -77,16 +115,26 @@ class CompletionRequest(Common):
         return self
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TextPart(Strict):
     type: Literal["text"]
     text: StrictStr
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+# Fields of a message that an SDK sends back empty with an assistant's earlier reply (the openai
+# SDK's message objects dumped whole): accepted while empty.
+EMPTY_IN_MESSAGES = ("refusal", "annotations", "audio", "function_call", "tool_calls")
+
+
+class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[TextPart]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_extras(cls, message: Any) -> Any:
+        if not isinstance(message, dict):
+            return message
+        return {k: v for k, v in message.items() if not (k in EMPTY_IN_MESSAGES and v in (None, [], ""))}
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)

@@ -1,0 +1,281 @@
+"""Constrained decoding (specdec.constraints): the target's distribution masked to a grammar at
+every position, drafts cut where the grammar forbids them, its forced tokens drafted.
+
+Exactness: greedy constrained output with any drafter is plain constrained decoding's, token for
+token, on the tiny transformers model and on llama.cpp (SmolLM2, exact kernels), with drafts
+verified (the grammar's and the drafter's) and counted. Sampling: on a toy target of 4 tokens with
+a rule-based constraint (the engine asks a constraint only for masks, forced tokens, the allowed
+prefix of a draft and to consume what was chosen), the sampled sequences follow the masked target
+distribution (chi-square over all 3-token outcomes, enumerated), with speculation too, and the
+test catches an engine that forgets the mask. Bad schemas, expressions and grammars are refused
+with the grammar engine's message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import chi_square_pvalue
+from specdec.backends.toy import ToyLM
+from specdec.constraints import spec_of
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import DecodeConfig, DecodeRun
+from specdec.errors import SpecdecError
+from specdec.policies.fixed import FixedK
+from specdec.sampling import SamplingParams, logits_to_probs
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+def _valid_person(text: str) -> bool:
+    value = json.loads(text)
+    return (set(value) == {"name", "age", "tags"} and isinstance(value["name"], str)
+            and isinstance(value["age"], int) and all(isinstance(t, str) for t in value["tags"]))
+
+
+def _grammar_steps(out) -> tuple[int, int]:
+    steps = [s for s in out.trace if (s.extra or {}).get("source") == "grammar"]
+    return sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps)
+
+
+# -- the tiny transformers model -------------------------------------------------------------------
+
+@pytest.mark.parametrize("constraint", [
+    {"response_format": PERSON},
+    {"regex": r"(yes|no), because [a-z ]{3,20}\."},
+    {"grammar": 'start: "The " ("quick" | "lazy") " " ("fox" | "dog") " jumps" /[ a-z]{0,12}/ "."'},
+], ids=["json-schema", "regex", "lark"])
+def test_constrained_greedy_with_drafts_equals_plain_constrained_decoding(tiny, constraint):
+    prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox"
+    plain = tiny.generate(prompt, max_new_tokens=60, drafter="none", **constraint)
+    for drafter in ("ngram", "recycle"):
+        out = tiny.generate(prompt, max_new_tokens=60, drafter=drafter, policy="fixed", num_draft=6,
+                            trace=True, **constraint)
+        assert out.token_ids == plain.token_ids, drafter
+        drafted, accepted = _grammar_steps(out)
+        assert out.stats.drafted > 0 and out.stats.target_forwards < len(out.token_ids)
+        assert drafted > 0 and accepted == drafted  # the grammar's forced tokens: drafted, all kept
+    if "response_format" in constraint and plain.finish_reason == "eos":
+        assert _valid_person(plain.text)
+    if "regex" in constraint and plain.finish_reason == "eos":
+        assert re.fullmatch(constraint["regex"], plain.text)
+
+
+BOUNDED = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                            "age": {"type": "integer", "maximum": 120, "minimum": 0},
+                                            "tags": {"type": "array", "maxItems": 2,
+                                                     "items": {"type": "string", "maxLength": 4}}},
+           "required": ["name", "age", "tags"], "additionalProperties": False,
+           "x-guidance": {"whitespace_flexible": False}}  # llguidance's option: no whitespace to wander in
+
+
+def test_a_finished_answer_is_valid_and_ends_at_the_end_of_sequence(tiny):
+    """A random model under a schema whose every string, list and number is bounded, without free
+    whitespace: the grammar ends, and the only token then allowed ends the sequence."""
+    out = tiny.generate("zebra", max_new_tokens=300, response_format=BOUNDED, drafter="ngram")
+    assert out.finish_reason == "eos" and _valid_person(out.text)
+    out = tiny.generate("zebra", max_new_tokens=40, regex=r"[0-9]{3}-[0-9]{4}")
+    assert out.finish_reason == "eos" and re.fullmatch(r"[0-9]{3}-[0-9]{4}", out.text)
+
+
+def test_a_forced_run_costs_one_forward(tiny):
+    """A regex whose first 24 characters are fixed: with a drafter, the grammar's tokens for them
+    are verified in the first forward, where plain constrained decoding spends a forward each."""
+    regex = r"The answer is, in short: [0-9]{2}"
+    plain = tiny.generate("zebra", max_new_tokens=30, regex=regex, drafter="none", trace=True)
+    out = tiny.generate("zebra", max_new_tokens=30, regex=regex, drafter="ngram", policy="fixed", num_draft=32,
+                        trace=True)
+    assert out.token_ids == plain.token_ids
+    forced = len(tiny.encode("The answer is, in short:"))
+    first = out.trace[0]
+    assert (first.extra or {}).get("source") == "grammar" and first.accepted >= forced - 1
+    assert plain.stats.target_forwards == len(plain.token_ids)
+    assert out.stats.target_forwards <= len(out.token_ids) - (forced - 1)
+
+
+def test_sampled_constrained_output_replays_with_speculation_on_and_off(tiny):
+    kwargs = dict(max_new_tokens=40, temperature=0.9, seed=11, response_format=PERSON)
+    plain = tiny.generate("the quick brown fox", drafter="none", **kwargs)
+    for drafter in ("ngram", "recycle"):
+        assert tiny.generate("the quick brown fox", drafter=drafter, **kwargs).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"regex": "[unclosed"}, "unclosed character class"),
+    ({"response_format": {"type": "object", "properties": {"a": {"type": "frob"}}}}, "frob"),
+    ({"response_format": "{not json"}, "not valid JSON"),
+    ({"response_format": [1, 2]}, "must be an object"),
+    ({"grammar": "start: undefined_rule"}, "undefined_rule"),
+    ({"grammar": "root ::= [a-z"}, "GBNF"),
+    ({"regex": "a+", "grammar": "start: \"a\""}, "give one constraint"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "must carry a schema"),
+])
+def test_bad_constraints_are_refused_with_the_engines_message(tiny, kwargs, words):
+    with pytest.raises(SpecdecError, match=re.escape(words)):
+        tiny.generate("hello", max_new_tokens=4, **kwargs)
+
+
+def test_openai_forms_and_pydantic_models_give_the_same_constraint():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    schema = Person.model_json_schema()
+    wrapped = spec_of({"type": "json_schema", "json_schema": {"name": "Person", "schema": schema, "strict": True}})
+    assert spec_of(Person) == spec_of(schema) == spec_of(json.dumps(schema)) == wrapped
+    assert spec_of({"type": "json_object"}).kind == "json_object" and spec_of({"type": "text"}) is None
+    assert spec_of(grammar='root ::= "a"').kind == "gbnf" and spec_of(grammar='start: "a"').kind == "lark"
+
+
+# -- llama.cpp, a real model -------------------------------------------------------------------
+
+@pytest.mark.real
+def test_constrained_greedy_on_llamacpp_equals_plain_constrained_decoding(shared_model):
+    pytest.importorskip("llama_cpp")
+    model = shared_model("smollm2-135m", "llamacpp")
+    prompt = "Give me a JSON object describing a person named Ada who is 36 and likes chess and tea."
+    plain = model.generate(prompt, chat=True, max_new_tokens=80, drafter="none", response_format=BOUNDED)
+    assert plain.finish_reason == "eos" and _valid_person(plain.text)
+    out = model.generate(prompt, chat=True, max_new_tokens=80, drafter="ngram", policy="fixed", num_draft=8,
+                         response_format=BOUNDED, trace=True)
+    assert out.token_ids == plain.token_ids
+    assert _grammar_steps(out)[0] > 0 and out.stats.target_forwards < plain.stats.target_forwards
+
+
+# -- the masked distribution, on a toy target --------------------------------------------------
+
+V, LENGTH, SAMPLES = 4, 3, 6000
+PROMPT = [0, 1, 0, 1, 2]
+TARGET = ToyLM(V, 1, seed=21, scale=1.2)
+DRAFT = ToyLM(V, 1, seed=99, scale=1.5)
+
+
+def _allowed(context: list[int]) -> list[int]:
+    """The toy grammar: never the previous token again, and after a 3 only a 0 (forced)."""
+    last = context[-1]
+    return [0] if last == 3 else [t for t in range(V) if t != last]
+
+
+class RuleConstraint:
+    """A constraint as the engine uses one (specdec.constraints.Constraint's methods), from
+    :func:`_allowed` over the whole context."""
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.context = list(prompt)
+
+    def forced(self) -> list[int]:
+        out, ctx = [], list(self.context)
+        while len(allowed := _allowed(ctx)) == 1 and len(out) < 4:
+            out.append(allowed[0])
+            ctx.append(allowed[0])
+        return out
+
+    def allowed_prefix(self, tokens) -> int:
+        ctx = list(self.context)
+        for i, t in enumerate(tokens):
+            if t not in _allowed(ctx):
+                return i
+            ctx.append(t)
+        return len(tokens)
+
+    def masks(self, tokens) -> np.ndarray:
+        rows, ctx = [], list(self.context)
+        for t in [*tokens, None]:
+            row = np.zeros(V, dtype=bool)
+            row[_allowed(ctx)] = True
+            rows.append(row)
+            ctx.append(t)
+        return np.stack(rows)
+
+    def consume(self, tokens) -> None:
+        self.context.extend(tokens)
+
+
+def _masked_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
+    dist = {}
+    for seq in itertools.product(range(V), repeat=LENGTH):
+        ctx, prob = list(PROMPT), 1.0
+        for tok in seq:
+            logits = TARGET.logits(ctx).clone()
+            logits[[t for t in range(V) if t not in _allowed(ctx)]] = float("-inf")
+            prob *= float(logits_to_probs(logits, params)[tok])
+            ctx.append(tok)
+        dist[seq] = prob
+    return dist
+
+
+def _sample(params: SamplingParams, drafter_factory, mode: str = "coupled", constraint=RuleConstraint) -> Counter:
+    counts: Counter = Counter()
+    for i in range(SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=LENGTH, verify=mode,
+                           sampling=SamplingParams(params.temperature, params.top_k, params.top_p, seed=i))
+        run = DecodeRun(TARGET.backend(), PROMPT, cfg, drafter_factory(), FixedK(2),
+                        constraint=constraint(PROMPT) if constraint else None)
+        counts[tuple(run.run().token_ids)] += 1
+    return counts
+
+
+MASKED_CASES = [(SamplingParams(1.0), "none", "coupled"), (SamplingParams(0.8, top_k=2), "model", "coupled"),
+                (SamplingParams(1.2, top_p=0.9), "model", "rejection"), (SamplingParams(1.0), "ngram", "coupled")]
+FACTORIES = {"none": lambda: None, "model": lambda: ModelDrafter(DRAFT.backend()),
+             "ngram": lambda: NgramDrafter(max_ngram=2, min_ngram=1)}
+
+
+@pytest.mark.parametrize("params, drafter, mode", MASKED_CASES,
+                         ids=[f"{d}-{m}-T{p.temperature}" for p, d, m in MASKED_CASES])
+def test_sampled_constrained_sequences_follow_the_masked_target_distribution(params, drafter, mode):
+    counts = _sample(params, FACTORIES[drafter], mode)
+    assert all(_is_allowed(seq) for seq in counts)
+    pvalue = chi_square_pvalue(counts, _masked_distribution(params))
+    assert pvalue > 1e-3, f"sampled distribution differs from the masked target's (p={pvalue:.2e})"
+
+
+def _is_allowed(seq: tuple[int, ...]) -> bool:
+    ctx = list(PROMPT)
+    for t in seq:
+        if t not in _allowed(ctx):
+            return False
+        ctx.append(t)
+    return True
+
+
+def test_the_masked_distribution_test_catches_an_engine_that_forgets_the_mask(monkeypatch):
+    """The negative control: logits left unmasked give sequences the grammar forbids, and the
+    chi-square test rejects them."""
+    import specdec.engine
+
+    monkeypatch.setattr(specdec.engine.constraints, "apply", lambda logits, masks: logits)
+    counts = _sample(SamplingParams(1.0), FACTORIES["model"], constraint=_NoForcing)
+    assert not all(_is_allowed(seq) for seq in counts)
+    assert chi_square_pvalue(counts, _masked_distribution(SamplingParams(1.0))) < 1e-6
+
+
+class _NoForcing(RuleConstraint):
+    """The rule constraint without forced tokens or draft cuts (the mask alone keeps it)."""
+
+    def forced(self) -> list[int]:
+        return []
+
+    def allowed_prefix(self, tokens) -> int:
+        return len(tokens)
+
+
+def test_masked_logits_keep_only_allowed_tokens():
+    from specdec.constraints import apply
+
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
+    masks = np.array([[True, False, True, False], [False, False, False, True]])
+    out = apply(logits, masks)
+    assert out[0].argmax() == 2 and out[1].argmax() == 3 and torch.isinf(out[0, 1]) and logits[0, 1] == 2.0
