@@ -109,6 +109,8 @@ FOLDERS: dict[str, tuple[str, str]] = {
     "index-costs": ("the n-gram index of earlier outputs: memory and lookup cost at its bound "
                     "(scripts/index_costs.py)",
                     "Drafters"),
+    "grammar-costs": ("what a grammar engine's token masks cost on Qwen2.5-Coder's vocabulary: llguidance "
+                      "and xgrammar, beside a plain step (scripts/grammar_costs.py)", "Structured output"),
     "step-check": ("our one-row step (`specdec generate`, a 1-row tick of `specdec serve`) against stock "
                    "llama-server's, in one run (scripts/step_check.py)", "Serving"),
     "loadtest-qwen": ("`specdec serve` against stock llama-server under 1-16 concurrent clients",
@@ -132,7 +134,7 @@ FOLDERS: dict[str, tuple[str, str]] = {
 # from before results.json recorded its command (all on the shipped Spec-Bench set).
 PROMPTS = {
     "policy-ablation": "tuning; timed: held-out", "heldout-inputs": HELDOUT, "gpu-check": TUNING,
-    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "step-check": "examples/edit_function.txt", "tick-costs": "random tokens", "load-ceiling": "tuning and held-out", "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
+    "loadtest-qwen": TUNING, "loadtest-qwen-heldout": HELDOUT, "step-check": "examples/edit_function.txt", "grammar-costs": "fixed JSON answers", "tick-costs": "random tokens", "load-ceiling": "tuning and held-out", "loadtest-index": TUNING, "loadtest": TUNING, "ray-routing": TUNING,
     "replay-ceilings": TUNING, "replay-repair": TUNING,
     **{name: TUNING for name in ("trees-hf-fp32-switch", "trees-llamacpp-switch", "staged-smollm2-llamacpp",
                                  "vocab-gemma-smol", "vocab-gemma-smol-lcpp", "vocab-smol-gemma",

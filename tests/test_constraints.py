@@ -279,3 +279,38 @@ def test_masked_logits_keep_only_allowed_tokens():
     masks = np.array([[True, False, True, False], [False, False, False, True]])
     out = apply(logits, masks)
     assert out[0].argmax() == 2 and out[1].argmax() == 3 and torch.isinf(out[0, 1]) and logits[0, 1] == 2.0
+
+
+@pytest.mark.real
+def test_the_openai_sdks_parse_against_the_server_on_a_real_model(shared_model):
+    """The openai SDK's ``chat.completions.parse`` with a pydantic model, whole and streamed
+    (``chat.completions.stream``), unchanged, against ``specdec serve`` on SmolLM2 (llama.cpp):
+    the parsed answer is the model's, and equals the same request's ``generate``."""
+    pytest.importorskip("llama_cpp")
+    openai = pytest.importorskip("openai")
+    pydantic = pytest.importorskip("pydantic")
+
+    from conftest import serving
+    from specdec.server.app import ServeConfig, Server
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    model = shared_model("smollm2-135m", "llamacpp")
+    question = "Describe a person named Ada who is 36 as JSON."
+    server = Server(model, config=ServeConfig(slots=2))
+    with serving(server.app(), timeout=60) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": question}]
+        reply = client.chat.completions.parse(model=model.name, messages=messages, response_format=Person,
+                                              temperature=0, max_tokens=60)
+        parsed = reply.choices[0].message.parsed
+        assert isinstance(parsed, Person) and parsed.name
+        with client.chat.completions.stream(model=model.name, messages=messages, response_format=Person,
+                                            temperature=0, max_tokens=60) as stream:
+            final = stream.get_final_completion()
+        assert final.choices[0].message.parsed == parsed
+    schema = openai.lib._pydantic.to_strict_json_schema(Person)
+    expected = model.generate(question, chat=True, max_new_tokens=60, response_format=schema)
+    assert reply.choices[0].message.content == expected.text

@@ -64,8 +64,25 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def machine_tag() -> str:
-    """What measured speeds depend on besides the model: CPU model, vector level and torch's threads."""
+# torch's threads before a llama.cpp process kept torch to one (specdec.backends.llamacpp_lib):
+# the threads its computations run on, which the machine's tag names.
+_threads_before_one: list[int] = []
+
+
+def keep_torch_to_one_thread() -> None:
+    """torch on one thread from here on; the machine's tag still names the threads it had."""
     import torch
 
-    return f"{cpu_model()}-{simd_level()}-{torch.get_num_threads()}t"
+    if torch.get_num_threads() != 1:
+        _threads_before_one.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+
+
+def machine_tag() -> str:
+    """What measured speeds depend on besides the model: CPU model, vector level and torch's threads
+    (as they were before a llama.cpp process kept torch to one: its forwards' threads)."""
+    import torch
+
+    threads = _threads_before_one[0] if _threads_before_one and torch.get_num_threads() == 1 else \
+        torch.get_num_threads()
+    return f"{cpu_model()}-{simd_level()}-{threads}t"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
 
+from specdec import cpu
 from specdec.errors import SpecdecError
 
 T = TypeVar("T")
@@ -91,10 +92,7 @@ def keep_torch_to_one_thread() -> None:
     would share the runtime with llama.cpp's (see the module's note on teams). What torch computes
     beside llama.cpp are single rows of logits, which a second thread does not speed up; a
     transformers model loaded later sets its own thread count (``--threads``)."""
-    import torch
-
-    if torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    cpu.keep_torch_to_one_thread()
 
 
 def load_model_file(path: str, params):
