@@ -513,18 +513,21 @@ class FakeServed:
     def constraint(self, req):
         return None
 
+    def token_text(self, token):
+        return str(token)
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         self.calls.append(f"chat:{messages[-1]['content']}")
         return [1, 2]
 
-    async def generate(self, prompt, opts, request, t0, tenant=None, constraint=None):
+    async def generate(self, prompt, opts, request, t0, tenant=None, constraint=None, logprobs=None):
         from specdec.api import Output
         from specdec.stats import GenerationStats
 
         self.calls.append(f"generate:{prompt}:{opts.max_new_tokens}")
         return Output("ok", [5], list(prompt), "length", GenerationStats(new_tokens=1))
 
-    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None, constraint=None):
+    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None, constraint=None, logprobs=None):
         yield ""
         yield "data: [DONE]\n\n"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.constraints import spec_of
 from specdec.drafters.base import Drafter
-from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation
+from specdec.engine import DecodeConfig, DecodeRun, FinishReason, Generation, TokenLogprob
 from specdec.errors import SpecdecError
 from specdec.load_options import LoadOptions
 from specdec.loaded import CALIBRATION_TEXT, LoadedModel, eos_ids, load_model
@@ -41,6 +41,7 @@ class Output:
     stats: GenerationStats
     trace: list[StepTrace] = field(default_factory=list)
     seed: int | None = None  # the seed sampling used (None for greedy)
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked (``logprobs=``)
 
     def to_dict(self) -> dict:
         """The object ``specdec generate --json`` prints."""
@@ -189,12 +190,17 @@ class Model:
         Schema as a dict, JSON text or pydantic model class, or OpenAI's ``{"type": "json_schema",
         ...}`` / ``{"type": "json_object"}``), ``regex`` or ``grammar`` (Lark, or GBNF) constrain
         the answer (:mod:`specdec.constraints`): greedy output is plain constrained decoding's,
-        token for token, whatever the drafter. ``chat`` wraps a text
+        token for token, whatever the drafter. ``logprobs=n`` keeps each new token's
+        log-probability under the target (after the constraint's mask) and the n likeliest
+        tokens' (``Output.logprobs``). ``chat`` wraps a text
         prompt in the chat template; ``trace`` records each step's probabilities (p, q and
         min(1, p/q)) in the step records. ``tenant`` keeps a server's clients apart: whose index
         of earlier outputs the drafter uses (:meth:`specdec.loaded.LoadedModel.tenant_state`).
         """
         # The constraint is no generation option (a schema or grammar, not a flag's value): kept aside.
+        logprobs = kwargs.pop("logprobs", None)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+            raise SpecdecError(f"logprobs must be a whole number >= 0 (the likeliest tokens to list), got {logprobs!r}")
         spec = kwargs.pop("constraint", None) or spec_of(kwargs.pop("response_format", None), kwargs.pop("regex", None),
                                                          kwargs.pop("grammar", None))
         # Objects are not option values: kept aside, the options name the drafter where it is registered.
@@ -206,7 +212,8 @@ class Model:
         codec, pool = self.loaded.codec, self.loaded.pool
         stops = StopStrings(list(opts.stop), codec)
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else prompt
-        config = DecodeConfig.of(opts, self.eos_token_ids, stops.hit if stops else None, record=trace)
+        config = DecodeConfig.of(opts, self.eos_token_ids, stops.hit if stops else None, record=trace,
+                                 logprobs=logprobs)
         constraint = self.loaded.grammar(spec).start() if spec is not None else None
         made = drafter_obj or self.drafter(opts.drafter, draft_model, opts, tenant=tenant)
         try:
@@ -251,4 +258,5 @@ class Model:
     def finish(self, run: DecodeRun, gen: Generation, stop: str | Sequence[str] | None = None) -> Output:
         codec = self.loaded.codec
         text = StopStrings(stop, codec).visible(codec.final_text(gen.token_ids))
-        return Output(text, gen.token_ids, run.prompt, gen.finish_reason, gen.stats, gen.trace, gen.seed)
+        return Output(text, gen.token_ids, run.prompt, gen.finish_reason, gen.stats, gen.trace, gen.seed,
+                      gen.logprobs if run.config.logprobs is not None else None)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from specdec import constraints
 from specdec import tree as trees
 from specdec.backends.base import Backend
@@ -51,16 +53,20 @@ class DecodeConfig:
     stop: Callable[[list[int]], bool] | None = None
     verify: VerifyMode = same_as("verify")
     record: bool = False  # fill the steps' probabilities (p, q, min(1, p/q)) for a trace
+    # Each new token's log-probability under the target (its logits, masked where a constraint
+    # is set) and, when n > 0, the n likeliest tokens' there; None: not kept.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # the engine's own callers build configs by hand
 
     @classmethod
     def of(cls, options: GenerationOptions, eos_token_ids: frozenset[int] = frozenset(),
-           stop: Callable[[list[int]], bool] | None = None, record: bool = False) -> DecodeConfig:
+           stop: Callable[[list[int]], bool] | None = None, record: bool = False,
+           logprobs: int | None = None) -> DecodeConfig:
         """The config of a generation with (validated) ``options``."""
         return copy_into(cls, options, sampling=copy_into(SamplingParams, options), eos_token_ids=eos_token_ids,
-                         stop=stop, record=record)
+                         stop=stop, record=record, logprobs=logprobs)
 
 
 @dataclass
@@ -72,6 +78,28 @@ class Generation:
     stats: GenerationStats = field(default_factory=GenerationStats)
     trace: list[StepTrace] = field(default_factory=list)
     seed: int | None = None  # the seed sampling used (drawn from the OS when none was given)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per new token, when the config asks
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A new token's log-probability under the target, and the likeliest tokens' at its position
+    (as many as asked, best first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each of ``tokens``' log-probability in its row of ``logits``, with the ``top`` likeliest."""
+    out = []
+    for row, token in zip(rows, tokens):
+        logp = torch.log_softmax(logits[row].float(), -1)
+        best = torch.topk(logp, top) if top else None
+        pairs = tuple(zip(best.indices.tolist(), best.values.tolist())) if best is not None else ()
+        out.append(TokenLogprob(int(token), float(logp[token]), pairs))
+    return out
 
 
 class DecodeRun:
@@ -203,6 +231,10 @@ class DecodeRun:
                     self.done = True
                     break
             tokens.extend(emitted)
+            if cfg.logprobs is not None:  # row 0 predicts the first new token, node i's row the next
+                path = verdict.path if draft.is_tree else list(range(len(emitted) - 1))
+                rows = [0, *(p + 1 for p in path)][:len(emitted)]
+                self.result.logprobs.extend(token_logprobs(logits, rows, emitted, cfg.logprobs))
             if self.constraint is not None:
                 self.constraint.consume(emitted)
             # A draft that priced its own verification was not a plain forward of its length: no

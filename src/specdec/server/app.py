@@ -91,6 +91,10 @@ class Server:
                     self._context = backend.max_length or 0
             return self._context
 
+    def token_text(self, token: int) -> str:
+        """A token's text as a response's logprobs show it."""
+        return self.model.loaded.codec.decode([token])
+
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A completion's prompt as token ids (a chat's are the template's already)."""
         if not isinstance(prompt, str):
@@ -172,27 +176,30 @@ class Server:
             raise ApiError(400, str(exc), param="response_format") from None
 
     def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None,
-               constraint: Spec | None = None) -> DecodeRun:
+               constraint: Spec | None = None, logprobs: int | None = None) -> DecodeRun:
         # Tenants apart unless the server shares one index (specdec.server.tenants).
         tenant = None if self.config.shared_index else tenant
         try:
-            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant, constraint=constraint)
+            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant, constraint=constraint,
+                                    logprobs=logprobs)
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
     async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions,
-                       tenant: str | None = None, constraint: Spec | None = None) -> DecodeRun:
+                       tenant: str | None = None, constraint: Spec | None = None,
+                       logprobs: int | None = None) -> DecodeRun:
         """A started generation; a request cancelled meanwhile still gets it, and closes it."""
         with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant, constraint)
+            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant, constraint, logprobs)
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None, constraint: Spec | None = None) -> Output:
+                       t0: float, tenant: str | None = None, constraint: Spec | None = None,
+                       logprobs: int | None = None) -> Output:
         """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
         request came (its latency is observed once the answer is complete); ``tenant``: whose
         index of earlier outputs it drafts from (:mod:`specdec.server.tenants`)."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant, constraint)
+            run = await self._started(prompt, opts, tenant, constraint, logprobs)
             try:
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for _ in steps:
@@ -207,18 +214,28 @@ class Server:
 
     async def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer,
                      include_usage: bool, t0: float, tenant: str | None = None,
-                     constraint: Spec | None = None) -> AsyncIterator[str]:
+                     constraint: Spec | None = None, logprobs: int | None = None) -> AsyncIterator[str]:
         """Server-sent events: first the opening chunk (or "" if the answer has none) once the
         generation has started, then one chunk per step that released text, the finish reason,
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant, constraint)
+            run = await self._started(prompt, opts, tenant, constraint, logprobs)
             codec = self.model.loaded.codec
             deltas = TextDeltas(codec, StopStrings(list(opts.stop), codec))
             first = True
             try:
                 opening = answer.opening()
                 yield sse(opening) if opening else ""
+                sent = 0  # the log-probabilities streamed so far (each chunk carries its tokens')
+
+                def new_logprobs():
+                    nonlocal sent
+                    if logprobs is None:
+                        return None
+                    fresh = run.result.logprobs[sent:]
+                    sent += len(fresh)
+                    return fresh
+
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for progress in steps:
                         text = deltas.update(progress.token_ids, progress.done)
@@ -226,8 +243,8 @@ class Server:
                             if first:
                                 self.metrics.first_token.observe(time.perf_counter() - t0)
                                 first = False
-                            yield sse(answer.chunk(text))
-                yield sse(answer.chunk(None, FINISH[run.result.finish_reason]))
+                            yield sse(answer.chunk(text, logprobs=new_logprobs()))
+                yield sse(answer.chunk(None, FINISH[run.result.finish_reason], new_logprobs()))
                 if include_usage:
                     yield sse(answer.usage_chunk(run.result.stats, run.result.seed))
                 yield "data: [DONE]\n\n"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from specdec.api import Output
+from specdec.engine import TokenLogprob
 from specdec.stats import GenerationStats
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specdec's finish reason -> OpenAI's
@@ -32,6 +33,31 @@ def usage(stats: GenerationStats, seed: int | None) -> dict:
             "speculative": spec}
 
 
+def _entry(token: int, logprob: float, text_of) -> dict:
+    text = text_of(token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[TokenLogprob], text_of) -> dict:
+    """OpenAI's chat ``logprobs``: each token's text, log-probability and bytes, with its
+    ``top_logprobs``."""
+    return {"content": [{**_entry(e.token, e.logprob, text_of),
+                         "top_logprobs": [_entry(t, lp, text_of) for t, lp in e.top]} for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_of, offset: int = 0) -> dict:
+    """OpenAI's completions ``logprobs``: tokens, their log-probabilities, the likeliest tokens'
+    by text at each position, and where each token's text starts in the answer."""
+    tokens = [text_of(e.token) for e in entries]
+    offsets, at = [], offset
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text_of(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
 def sse(payload: dict) -> str:
     """One server-sent event."""
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
@@ -45,6 +71,8 @@ class Answer:
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    text_of: Any = None  # a token's text (for logprobs), where the request asked for them
+    _offset: int = 0  # the text the streamed logprobs covered so far (completions' text_offset)
 
     prefix: ClassVar[str] = ""
     chunk_object: ClassVar[str] = ""
@@ -60,8 +88,9 @@ class Answer:
         """The chunk a stream starts with, before any text (None: none)."""
         return None
 
-    def chunk(self, text: str | None, finish: str | None = None) -> dict:
-        """A streamed chunk with new ``text`` (or none), and the finish reason in the last one."""
+    def chunk(self, text: str | None, finish: str | None = None, logprobs: list[TokenLogprob] | None = None) -> dict:
+        """A streamed chunk with new ``text`` (or none), the log-probabilities of the tokens it
+        adds where asked, and the finish reason in the last one."""
         raise NotImplementedError
 
     def usage_chunk(self, stats: GenerationStats, seed: int | None) -> dict:
@@ -79,12 +108,16 @@ class Completion(Answer):
     prefix = "cmpl"
     chunk_object = whole_object = "text_completion"
 
-    def chunk(self, text: str | None, finish: str | None = None) -> dict:
-        return self.envelope(self.chunk_object, [{"index": 0, "text": text or "", "logprobs": None,
+    def chunk(self, text: str | None, finish: str | None = None, logprobs: list[TokenLogprob] | None = None) -> dict:
+        shown = None
+        if logprobs is not None:
+            shown = completion_logprobs(logprobs, self.text_of, self._offset)
+            self._offset += sum(len(t) for t in shown["tokens"])
+        return self.envelope(self.chunk_object, [{"index": 0, "text": text or "", "logprobs": shown,
                                                   "finish_reason": finish}])
 
     def whole(self, out: Output) -> dict:
-        return {**self.chunk(out.text, FINISH[out.finish_reason]), **usage(out.stats, out.seed)}
+        return {**self.chunk(out.text, FINISH[out.finish_reason], out.logprobs), **usage(out.stats, out.seed)}
 
 
 class ChatCompletion(Answer):
@@ -98,14 +131,16 @@ class ChatCompletion(Answer):
     def opening(self) -> dict:
         return self._delta({"role": "assistant", "content": ""}, None)
 
-    def chunk(self, text: str | None, finish: str | None = None) -> dict:
-        return self._delta({"content": text} if text else {}, finish)
+    def chunk(self, text: str | None, finish: str | None = None, logprobs: list[TokenLogprob] | None = None) -> dict:
+        return self._delta({"content": text} if text else {}, finish, logprobs)
 
-    def _delta(self, delta: dict, finish: str | None) -> dict:
-        return self.envelope(self.chunk_object, [{"index": 0, "delta": delta, "logprobs": None,
+    def _delta(self, delta: dict, finish: str | None, logprobs: list[TokenLogprob] | None = None) -> dict:
+        shown = chat_logprobs(logprobs, self.text_of) if logprobs is not None else None
+        return self.envelope(self.chunk_object, [{"index": 0, "delta": delta, "logprobs": shown,
                                                   "finish_reason": finish}])
 
     def whole(self, out: Output) -> dict:
         message = {"role": "assistant", "content": out.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": FINISH[out.finish_reason]}
+        shown = chat_logprobs(out.logprobs, self.text_of) if out.logprobs is not None else None
+        choice = {"index": 0, "message": message, "logprobs": shown, "finish_reason": FINISH[out.finish_reason]}
         return {**self.envelope(self.whole_object, [choice]), **usage(out.stats, out.seed)}

@@ -43,13 +43,17 @@ class Served(Protocol):
 
     def constraint(self, req: Common) -> Spec | None: ...
 
+    def token_text(self, token: int) -> str: ...
+
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None, constraint: Spec | None = None) -> Output: ...
+                       t0: float, tenant: str | None = None, constraint: Spec | None = None,
+                       logprobs: int | None = None) -> Output: ...
 
     def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer, include_usage: bool,
-               t0: float, tenant: str | None = None, constraint: Spec | None = None) -> AsyncIterator[str]: ...
+               t0: float, tenant: str | None = None, constraint: Spec | None = None,
+               logprobs: int | None = None) -> AsyncIterator[str]: ...
 
 
 def router(server: Served) -> APIRouter:
@@ -75,12 +79,13 @@ def router(server: Served) -> APIRouter:
         t0 = time.perf_counter()
         prompt = server.prompt_ids(req.prompt)
         opts = server.options(req, req.max_new_tokens, prompt)
-        constraint = server.constraint(req)
-        answer = Completion(req.model)
+        constraint, logprobs = server.constraint(req), req.logprob_count()
+        answer = Completion(req.model, text_of=server.token_text)
         tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint))
-        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint))
+            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint,
+                                                logprobs))
+        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint, logprobs))
 
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
@@ -88,12 +93,13 @@ def router(server: Served) -> APIRouter:
         prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                                      for m in req.messages])
         opts = server.options(req, req.max_new_tokens, prompt)
-        constraint = server.constraint(req)
-        answer = ChatCompletion(req.model)
+        constraint, logprobs = server.constraint(req), req.logprob_count()
+        answer = ChatCompletion(req.model, text_of=server.token_text)
         tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint))
-        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint))
+            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint,
+                                                logprobs))
+        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint, logprobs))
 
     return routes
 

@@ -33,9 +33,12 @@ STRICT: dict[type, Any] = {int: StrictInt, float: Number, bool: StrictBool, str:
 ADVISORY = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 # OpenAI's fields with a value that asks for nothing, by field: accepted with it, refused with any other.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "top_logprobs": (0,),
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none",),
 }
+
+
+TOP_LOGPROBS = 20  # the most likeliest tokens a position lists (OpenAI's bound for chat)
 
 
 class Strict(BaseModel):
@@ -94,8 +97,6 @@ class Common(Strict):
     def _supported(self):
         if self.n != 1:
             raise ValueError("n: only one choice per request is supported (n = 1)")
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs: not supported")
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise ValueError("stop: at most 4 stop strings")
         return self
@@ -105,6 +106,16 @@ class CompletionRequest(Common):
     prompt: StrictStr | list[StrictInt]
     echo: StrictBool = False
     suffix: StrictStr | None = None
+
+    def logprob_count(self) -> int | None:
+        """How many likeliest tokens each new token's log-probability comes with (None: no logprobs)."""
+        return self.logprobs
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= TOP_LOGPROBS):
+            raise ValueError(f"logprobs: a whole number 0..{TOP_LOGPROBS} (the likeliest tokens to list)")
+        return self
 
     @model_validator(mode="after")
     def _plain(self):
@@ -143,6 +154,22 @@ class Message(Strict):
 class ChatRequest(Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
+    top_logprobs: StrictInt | None = None
+
+    def logprob_count(self) -> int | None:
+        """How many likeliest tokens each new token's log-probability comes with (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise ValueError("logprobs: true or false (top_logprobs says how many likeliest tokens to list)")
+        if self.top_logprobs not in (None, 0):
+            if not self.logprobs:
+                raise ValueError("top_logprobs: needs logprobs true")
+            if not 0 <= self.top_logprobs <= TOP_LOGPROBS:
+                raise ValueError(f"top_logprobs: a whole number 0..{TOP_LOGPROBS}")
+        return self
 
     @property
     def max_new_tokens(self) -> int | None:
