@@ -179,7 +179,8 @@ def test_chat_errors(served, tiny):
                          "response_format"),
                         ({"model": tiny.name, "messages": [user], "regex": "[unclosed"}, "unclosed character class"),
                         ({"model": tiny.name, "messages": [user], "tools": [{"type": "function"}]},
-                         "tools: not supported"),
+                         "missing field: tools.0.function"),
+                        ({"model": tiny.name, "messages": [user], "tool_choice": "required"}, "needs tools"),
                         ({"model": tiny.name, "messages": [user], "top_logprobs": 3}, "top_logprobs"),
                         ({"model": tiny.name, "messages": [{**user, "name": "alice"}]}, "messages.0.name"),
                         ({"model": tiny.name, "messages": [user, {"role": "assistant", "content": "x",
@@ -516,7 +517,7 @@ class FakeServed:
     def token_text(self, token):
         return str(token)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools=None) -> list[int]:
         self.calls.append(f"chat:{messages[-1]['content']}")
         return [1, 2]
 

@@ -263,6 +263,7 @@ class DecodeRun:
         # verification saves.
         # Plain decoding stays the baseline: one masked step a token, no grammar drafts either.
         forced = self.constraint.forced() if self.constraint is not None and self.drafter.drafts else []
+        forced = forced[:self.constraint.allowed_prefix(forced)] if forced else forced  # as the mask sees them
         most = self.policy.max_k(0.0 if forced else self.drafter.token_cost(tokens))
         k = min(most, remaining - 1)
         if k <= 0:

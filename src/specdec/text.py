@@ -39,13 +39,14 @@ class TextCodec:
             return self.encode_messages([{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt)["input_ids"])
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
-        """Token ids for a conversation (``[{"role": ..., "content": ...}, ...]``) ready for the reply."""
+    def encode_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids for a conversation (``[{"role": ..., "content": ...}, ...]``) ready for the reply,
+        with ``tools`` (OpenAI's function definitions) as the template shows them."""
         if not self.has_chat_template:
             raise SpecdecError(f"model {self.name} has no chat template (it is a base model): "
                                "send a plain prompt instead")
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         except Exception as exc:  # jinja errors: roles the template refuses, missing fields
             raise SpecdecError(f"the chat template of {self.name} refused these messages: {exc}") from exc
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

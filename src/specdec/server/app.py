@@ -33,7 +33,8 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.openai import FINISH, Answer, sse
 from specdec.server.routes import router
 from specdec.server.scheduler import Scheduler
-from specdec.server.schemas import Common, specdec_fields
+from specdec.server.schemas import ChatRequest, Common, specdec_fields
+from specdec.server.tools import OPEN, call_constraint, markers, supports_tools, template_messages
 from specdec.server.settings import ServeConfig
 from specdec.text import StopStrings, TextDeltas
 
@@ -122,10 +123,15 @@ class Server:
     def metrics_text(self) -> str:
         return self.metrics.render()
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """A chat's token ids (the model's chat template); a 400 if the template refuses them."""
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """A chat's token ids (the model's chat template, with ``tools`` where given); a 400 if the
+        template refuses them, or writes no tool calls this server can read."""
+        codec = self.model.loaded.codec
+        if tools and not supports_tools(getattr(codec.tokenizer, "chat_template", None)):
+            raise ApiError(400, f"tools: the chat template of {self.model.name} writes no tool calls "
+                                f"(specdec reads {OPEN} blocks, as Qwen2.5 and Hermes write them)", param="tools")
         try:
-            return self.model.loaded.codec.encode_messages(messages)
+            return codec.encode_messages(template_messages(messages), tools)
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param="messages") from None
 
@@ -168,9 +174,14 @@ class Server:
 
     def constraint(self, req: Common) -> Spec | None:
         """What the answer must follow: ``response_format`` (OpenAI's), or specdec's ``regex`` or
-        ``grammar`` (Lark or GBNF); a 400 for a malformed one (one that does not compile gets its
-        400 when the generation starts, before any byte is streamed)."""
+        ``grammar`` (Lark or GBNF), or tool calls where ``tool_choice`` requires one; a 400 for a
+        malformed one (one that does not compile gets its 400 when the generation starts, before
+        any byte is streamed)."""
         try:
+            tools = req.tool_list() if isinstance(req, ChatRequest) else None
+            if tools:
+                return call_constraint(tools, req.choice(), req.parallel_tool_calls,
+                                       markers(self.model.loaded.tokenizer))
             return spec_of(req.response_format, req.regex, req.grammar)
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param="response_format") from None

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from specdec.api import Output
 from specdec.engine import TokenLogprob
+from specdec.server.tools import held_back, parse
 from specdec.stats import GenerationStats
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specdec's finish reason -> OpenAI's
@@ -120,6 +121,7 @@ class Completion(Answer):
         return {**self.chunk(out.text, FINISH[out.finish_reason], out.logprobs), **usage(out.stats, out.seed)}
 
 
+@dataclass
 class ChatCompletion(Answer):
     """``/v1/chat/completions``: a ``chat.completion``, or ``chat.completion.chunk`` deltas that
     open with the assistant's role."""
@@ -127,12 +129,29 @@ class ChatCompletion(Answer):
     prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
     whole_object = "chat.completion"
+    tools: bool = False  # the model was shown tools: its text is parsed for tool calls
+    _text: str = ""  # with tools, the streamed answer so far, and how much of it went out as content
+    _sent: int = 0
 
     def opening(self) -> dict:
         return self._delta({"role": "assistant", "content": ""}, None)
 
     def chunk(self, text: str | None, finish: str | None = None, logprobs: list[TokenLogprob] | None = None) -> dict:
-        return self._delta({"content": text} if text else {}, finish, logprobs)
+        if not self.tools:
+            return self._delta({"content": text} if text else {}, finish, logprobs)
+        # Text goes out as content up to where a tool call may be starting; the calls go out whole
+        # once the answer is complete (OpenAI's clients join argument deltas, one delta is one).
+        self._text += text or ""
+        if finish is None:
+            safe = held_back(self._text)
+            new, self._sent = self._text[self._sent:safe], max(self._sent, safe)
+            return self._delta({"content": new} if new else {}, None, logprobs)
+        parsed = parse(self._text)
+        if not parsed.calls:
+            rest = self._text[self._sent:]
+            return self._delta({"content": rest} if rest else {}, finish, logprobs)
+        calls = [{"index": i, **call} for i, call in enumerate(parsed.calls)]
+        return self._delta({"tool_calls": calls}, "tool_calls", logprobs)
 
     def _delta(self, delta: dict, finish: str | None, logprobs: list[TokenLogprob] | None = None) -> dict:
         shown = chat_logprobs(logprobs, self.text_of) if logprobs is not None else None
@@ -140,7 +159,13 @@ class ChatCompletion(Answer):
                                                   "finish_reason": finish}])
 
     def whole(self, out: Output) -> dict:
-        message = {"role": "assistant", "content": out.text}
+        message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        finish = FINISH[out.finish_reason]
+        if self.tools:
+            parsed = parse(out.text)
+            if parsed.calls:
+                message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
+                finish = "tool_calls"
         shown = chat_logprobs(out.logprobs, self.text_of) if out.logprobs is not None else None
-        choice = {"index": 0, "message": message, "logprobs": shown, "finish_reason": FINISH[out.finish_reason]}
+        choice = {"index": 0, "message": message, "logprobs": shown, "finish_reason": finish}
         return {**self.envelope(self.whole_object, [choice]), **usage(out.stats, out.seed)}

@@ -45,7 +45,7 @@ class Served(Protocol):
 
     def token_text(self, token: int) -> str: ...
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]: ...
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
 
     async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
                        t0: float, tenant: str | None = None, constraint: Spec | None = None,
@@ -90,11 +90,10 @@ def router(server: Served) -> APIRouter:
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
         t0 = time.perf_counter()
-        prompt = server.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                                     for m in req.messages])
+        prompt = server.chat_prompt([m.as_dict() for m in req.messages], req.tool_list())
         opts = server.options(req, req.max_new_tokens, prompt)
         constraint, logprobs = server.constraint(req), req.logprob_count()
-        answer = ChatCompletion(req.model, text_of=server.token_text)
+        answer = ChatCompletion(req.model, text_of=server.token_text, tools=bool(req.tool_list()))
         tenant = tenant_of(request)
         if req.stream:
             return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint,

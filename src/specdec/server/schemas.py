@@ -34,7 +34,6 @@ ADVISORY = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "sa
 # OpenAI's fields with a value that asks for nothing, by field: accepted with it, refused with any other.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
-    "tools": ([],), "tool_choice": ("none",),
 }
 
 
@@ -133,12 +132,42 @@ class TextPart(Strict):
 
 # Fields of a message that an SDK sends back empty with an assistant's earlier reply (the openai
 # SDK's message objects dumped whole): accepted while empty.
-EMPTY_IN_MESSAGES = ("refusal", "annotations", "audio", "function_call", "tool_calls")
+EMPTY_IN_MESSAGES = ("refusal", "annotations", "audio", "function_call")
+
+
+class CalledFunction(Strict):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: CalledFunction
 
 
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool's result: the call it answers
+
+    @model_validator(mode="after")
+    def _shaped(self):
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: a message needs content (an assistant's may carry tool_calls instead)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant's message carries them")
+        return self
+
+    def as_dict(self) -> dict:
+        """The message as a chat template takes it (OpenAI's developer role is the system's)."""
+        out: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -148,13 +177,60 @@ class Message(Strict):
         return {k: v for k, v in message.items() if not (k in EMPTY_IN_MESSAGES and v in (None, [], ""))}
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionDef(Strict):
+    name: StrictStr = Field(min_length=1)
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema
+    strict: StrictBool | None = None  # the arguments follow it exactly whenever a call is constrained
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: StrictStr
+
+
+class NamedChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     top_logprobs: StrictInt | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: StrictBool = True
+
+    @model_validator(mode="after")
+    def _tools(self):
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice: needs tools")
+        if isinstance(self.tool_choice, NamedChoice) and all(
+                t.function.name != self.tool_choice.function.name for t in self.tools or []):
+            raise ValueError(f"tool_choice: {self.tool_choice.function.name!r} is not among the tools")
+        if self.tool_choice is not None and self.tool_choice != "none" and (
+                self.response_format or self.regex or self.grammar):
+            raise ValueError("tool_choice: give tools or a response format, not both")
+        return self
+
+    def tool_list(self) -> list[dict] | None:
+        """The tools shown to the model (None: none, also under tool_choice none)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def choice(self) -> str | dict | None:
+        return self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedChoice) else self.tool_choice
 
     def logprob_count(self) -> int | None:
         """How many likeliest tokens each new token's log-probability comes with (None: no logprobs)."""
