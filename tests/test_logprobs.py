@@ -97,7 +97,7 @@ def test_logprobs_are_the_same_with_and_without_speculation_through_the_sdk(shar
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
         answers = {drafter: client.chat.completions.create(
             model=model.name, messages=messages, temperature=0, max_tokens=40, logprobs=True, top_logprobs=3,
-            extra_body={"drafter": drafter}) for drafter in ("none", "ngram")}
+            extra_body={"drafter": drafter, "policy": "fixed", "num_draft": 4}) for drafter in ("none", "ngram")}
     plain, spec = (answers[d].choices[0].logprobs.content for d in ("none", "ngram"))
     assert answers["ngram"].speculative["draft_n_accepted"] > 0  # tokens verified from drafts
     assert [(c.token, c.logprob) for c in plain] == [(c.token, c.logprob) for c in spec]

@@ -250,15 +250,18 @@ def test_a_request_without_max_tokens_runs_until_the_context_is_full(tiny):
     with serving(uncapped.app(), timeout=30) as url:
         out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": prompt, "temperature": 0},
                          timeout=120).json()
-        assert out["usage"]["completion_tokens"] == context - prompt_tokens
-        assert out["choices"][0]["finish_reason"] == "length"
+        whole = tiny.generate(prompt, max_new_tokens=context - prompt_tokens, temperature=0)
+        assert out["usage"]["completion_tokens"] == len(whole.token_ids) > 256  # past the old default
+        assert out["choices"][0]["finish_reason"] == {"eos": "stop"}.get(whole.finish_reason, whole.finish_reason)
         full = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": [5] * context}).json()
         assert "leaves no room" in full["error"]["message"]
     capped = Server(tiny, config=ServeConfig(slots=1, max_tokens=7))
     with serving(capped.app(), timeout=30) as url:
         for body, tokens in (({}, 7), ({"max_tokens": 100}, 7), ({"max_tokens": 3}, 3)):
-            out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": prompt, **body}).json()
-            assert out["usage"]["completion_tokens"] == tokens, body
+            out = httpx.post(url + "/v1/completions", json={"model": tiny.name, "prompt": prompt, "temperature": 0,
+                                                           **body}).json()
+            expected = tiny.generate(prompt, max_new_tokens=tokens, temperature=0)  # the cap, or an end before it
+            assert out["usage"]["completion_tokens"] == len(expected.token_ids), body
 
 
 def running(url: str) -> float:
