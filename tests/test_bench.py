@@ -625,3 +625,53 @@ def test_a_bench_that_fails_while_writing_its_results_leaves_the_last_ones_whole
     from specdec.commands import bench
 
     assert bench.write_atomic is files.write_atomic  # what the bench writes its results with
+
+
+def test_bench_reads_chat_request_bodies_and_checks_each_answer_against_its_schema(tmp_path, tiny_model_dir):
+    """One file of OpenAI chat request bodies drives the methods: each question's messages through
+    the chat template, its own max_tokens, its response_format's schema constraining every method
+    that can take one; outputs.jsonl keeps each answer's text and whether it is valid."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+    rows = [{"id": "a", "max_tokens": 12, "messages": [{"role": "user", "content": "the quick brown fox"}],
+             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}},
+            {"id": "b", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}]
+    questions = tmp_path / "requests.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(tiny_model_dir), "--questions", str(questions), "--methods", "plain,ngram",
+                 "--max-new-tokens", "6", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert all(m["overall"]["schema_valid"] == 1.0 and m["overall"]["identical"] for m in results["methods"].values())
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    answers = {(line["question_id"], line["method"]): line for line in lines}
+    assert answers[("a", "plain")]["valid"] and json.loads(answers[("a", "plain")]["text"])["n"] in range(10)
+    assert "valid" not in answers[("b", "plain")] and len(answers[("b", "ngram")]["token_ids"]) <= 6
+
+
+def test_the_llama_server_peer_sends_the_schema_and_other_peers_cannot_take_one():
+    from specdec.bench.peers.llama_server import LlamaServerMethod
+    from specdec.bench.runner import run_question
+    from specdec.bench.questions import Question
+    from specdec.errors import SpecdecError
+    from specdec.options import GenerationOptions
+
+    sent = []
+
+    class Server:
+        def complete(self, body):
+            sent.append(body)
+            return {"tokens": [5], "timings": {"prompt_ms": 1.0, "prompt_n": 2, "predicted_ms": 1.0, "predicted_n": 1,
+                                               "predicted_per_second": 1.0}, "tokens_cached": 0}
+
+    schema = {"type": "object"}
+    question = Question("q", "json", "hi", schema=schema, max_tokens=7)
+    method = LlamaServerMethod("llama-server-plain", Server(), GenerationOptions().validate())
+    run_question(method, None, question, [1, 2], 64, None)
+    assert sent[0]["json_schema"] == schema and sent[0]["n_predict"] == 7
+
+    class Peer(LlamaServerMethod):
+        takes_schema = False
+
+    with pytest.raises(SpecdecError, match="cannot constrain an answer to a JSON Schema"):
+        run_question(Peer("hf-plain", Server(), GenerationOptions().validate()), None, question, [1, 2], 64, None)

@@ -23,7 +23,7 @@ def problems() -> list[dict]:
 
 def test_the_shipped_sets_load_by_name_with_their_licences():
     assert prompt_set_names() == ["spec-bench", "humaneval", "humaneval-edit", "humaneval-repair", "spec-bench-2turn",
-                                  "humaneval-files"]
+                                  "humaneval-files", "structured"]
     prompts = resources.files("specdec.data").joinpath("prompts")
     assert "Apache License" in prompts.joinpath("spec_bench.LICENSE").read_text()
     assert "MIT License" in prompts.joinpath("humaneval.LICENSE").read_text()
@@ -118,7 +118,7 @@ def test_categories_and_limit_select_the_first_questions_of_each_in_file_order()
 
 
 @pytest.mark.parametrize("source, message", [
-    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files or a path"),
+    ("spec-bnch", "unknown prompt set 'spec-bnch': give spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files, structured or a path"),
     ("missing/q.jsonl", "questions file not found: missing/q.jsonl"),
     ("q.jsonl", "questions file not found: q.jsonl"),
 ])
@@ -143,7 +143,7 @@ def test_rows_of_neither_format_are_refused_with_their_line(tmp_path, row, messa
     path.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["ok"]}) + "\n" + json.dumps(row) + "\n")
     with pytest.raises(SpecdecError) as err:
         load_questions(path)
-    assert str(err.value).startswith(f"{path}:2 is not a Spec-Bench question or HumanEval problem")
+    assert str(err.value).startswith(f"{path}:2 is not a Spec-Bench question, HumanEval problem or chat request")
     assert message in str(err.value)
 
 
@@ -161,7 +161,7 @@ def test_no_question_in_the_categories_names_the_ones_there():
 
 @pytest.mark.parametrize("argv, message", [
     (["--questions", "humaneval-edits"], "error: unknown prompt set 'humaneval-edits'"),
-    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files or FILE.jsonl)"),
+    ([], "error: --methods needs --questions (spec-bench, humaneval, humaneval-edit, humaneval-repair, spec-bench-2turn, humaneval-files, structured or FILE.jsonl)"),
 ])
 def test_bench_refuses_a_bad_set_in_one_line_before_loading(capsys, tmp_path, tiny_model_dir, no_loading, argv,
                                                              message):
@@ -176,3 +176,47 @@ def test_bench_help_lists_the_sets(capsys):
         main(["bench", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "spec-bench, humaneval, humaneval-edit" in out
+
+
+def test_the_structured_set_asks_for_json_valid_against_a_schema_per_kind(tmp_path):
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(row) + "\n" for row in problems()[:2]))
+    questions = load_questions("structured")
+    counts = Counter(q.category for q in questions)
+    assert counts == {"json-function": 82, "json-article": 40, "json-extraction": 5}
+    for q in questions:
+        assert q.schema["type"] == "object" and q.schema["additionalProperties"] is False
+        assert q.messages == ({"role": "user", "content": q.prompt},)
+    function = next(q for q in questions if q.category == "json-function")
+    assert "def has_close_elements" in function.prompt and "examples" in function.schema["properties"]
+    held_out = load_questions("structured:" + str(tmp_path / "two.jsonl"))  # rows given: those alone
+    assert [q.category for q in held_out] == ["json-function"] * 2
+
+
+def test_chat_request_bodies_are_questions(tmp_path):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    rows = [{"id": "r1", "category": "json", "max_tokens": 40, "messages": [
+                {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Give a."}],
+             "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}},
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+            {"messages": [{"role": "user", "content": "plain"}]}]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    first, second, third = load_questions(path)
+    assert (first.question_id, first.category, first.prompt, first.max_tokens) == ("r1", "json", "Give a.", 40)
+    assert first.schema == schema and len(first.messages) == 2
+    assert second.schema == {"type": "object"} and third.schema is None and third.category == "requests"
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "the bench does not send tools"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, "must carry a schema"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens must be"),
+])
+def test_bad_request_bodies_are_refused_with_their_line(tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(SpecdecError, match=re.escape(message)) as err:
+        load_questions(path)
+    assert str(err.value).startswith(f"{path}:1")
+

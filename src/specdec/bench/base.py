@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from specdec.errors import SpecdecError
 from specdec.registry import Registry
@@ -87,14 +87,17 @@ class Method(ABC):
 
     name: str
     family: str  # "ours", "hf" or "llamacpp": which plain method is its baseline
+    takes_schema: ClassVar[bool] = False  # whether run() can constrain an answer to a JSON Schema
 
     @property
     def baseline(self) -> str:
         return baseline(self.family)
 
     @abstractmethod
-    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None) -> RunResult:
-        """Generate after ``prompt_ids``; only the generation call itself is timed."""
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None,
+            schema: dict | None = None) -> RunResult:
+        """Generate after ``prompt_ids`` (the answer a JSON value valid against ``schema``, where
+        given and :attr:`takes_schema`); only the generation call itself is timed."""
 
 
 # -- peers --------------------------------------------------------------------------------------

@@ -58,7 +58,9 @@ class OurMethod(Method):
     draft_model: LoadedModel | None = None
     family: str = "ours"
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    takes_schema = True
+
+    def run(self, prompt_ids, max_new_tokens, seed, schema=None):
         options = self.options.with_(max_new_tokens=max_new_tokens, seed=seed)
         # Cold, like the peers (whose caches are reset): another method's run of the same question
         # must not leave this one its prompt.
@@ -66,7 +68,7 @@ class OurMethod(Method):
             if model is not None:
                 model.forget_prompts()
         t0 = time.perf_counter()
-        out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model)
+        out = self.model.generate(prompt_ids, options=options, draft_model=self.draft_model, response_format=schema)
         wall = time.perf_counter() - t0
         return RunResult.of(out, wall)
 

@@ -22,6 +22,13 @@ The shipped sets (``src/specdec/data/prompts``, with their licences beside them)
   index of earlier outputs pays across requests.
 - ``spec-bench-2turn``: Spec-Bench's 40 two-turn conversations (MT-Bench's 8 categories), the
   second question asked with the first answer in the context.
+- ``structured``: answers that follow a JSON Schema (:func:`structured_question`): the 82 HumanEval
+  functions described as JSON (``json-function``), Spec-Bench's summarization articles' facts
+  (``json-article``) and its extraction questions' items (``json-extraction``).
+
+A ``.jsonl`` file may also hold OpenAI chat request bodies (``messages``, optional ``id``,
+``category``, ``response_format``, ``max_tokens``; :func:`request_question`), so one file drives our
+methods and the peers.
 
 ``NAME:PATH`` builds the set ``NAME`` from another file of the same format
 (``humaneval-edit:problems.jsonl``), so results can be checked on problems nobody tuned on.
@@ -43,12 +50,17 @@ from specdec.errors import SpecdecError
 @dataclass(frozen=True)
 class Question:
     """One prompt of a set: its id, its category and the text sent (through the model's chat
-    template when it has one); a question of several turns has its :class:`Conversation`."""
+    template when it has one); a question of several turns has its :class:`Conversation`. A
+    question read from an OpenAI chat request body has its ``messages``, and may carry the JSON
+    Schema its answer must follow (``schema``, from ``response_format``) and its own ``max_tokens``."""
 
     question_id: int | str
     category: str
     prompt: str
     conversation: Conversation | None = field(default=None, compare=False)
+    messages: tuple[dict, ...] | None = field(default=None, compare=False)
+    schema: dict | None = field(default=None, compare=False)
+    max_tokens: int | None = None
 
 
 COMPLETE = "Complete the following Python function:\n```python\n{code}```"
@@ -69,7 +81,7 @@ def load_questions(source: str | Path, categories: list[str] | None = None, limi
         questions = _build(SETS[head][1], _rows(_read(path), path), name)
     elif name in SETS:
         file, build = SETS[name]
-        rows = _rows(resources.files("specdec.data").joinpath("prompts", file).read_text(encoding="utf-8"), name)
+        rows = _rows(_shipped(file), name)
         questions = build(rows)
     else:
         questions = [_question(row, f"{name}:{n}") for n, row in _numbered_rows(_read(name), name)]
@@ -127,10 +139,45 @@ def _question(row: object, where: str) -> Question:
             return spec_bench_question(row)
         if isinstance(row, dict) and "task_id" in row:
             return completion_question(row)
+        if isinstance(row, dict) and "messages" in row:
+            return request_question(row, where)
         raise ValueError("a Spec-Bench row has question_id, category and turns; "
-                         "a HumanEval row has task_id, prompt, entry_point, ...")
+                         "a HumanEval row has task_id, prompt, entry_point, ...; "
+                         "a chat request body has messages")
+    except SpecdecError as exc:
+        raise SpecdecError(f"{where}: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise SpecdecError(f"{where} is not a Spec-Bench question or HumanEval problem ({exc})") from None
+        raise SpecdecError(f"{where} is not a Spec-Bench question, HumanEval problem or chat request "
+                           f"({exc})") from None
+
+
+REQUEST_FIELDS = {"id", "category", "messages", "response_format", "max_tokens", "model", "temperature"}
+
+
+def request_question(row: dict, where: str = "") -> Question:
+    """An OpenAI chat request body (``messages``, optional ``id``, ``category``, ``response_format``
+    as a JSON Schema or ``json_object``, ``max_tokens``) as a question: the messages go through
+    the model's chat template; sampling comes from the bench's flags, as for every question."""
+    from specdec.constraints import spec_of
+
+    unknown = sorted(set(row) - REQUEST_FIELDS)
+    if unknown:
+        raise SpecdecError(f"the bench does not send {', '.join(unknown)} (it reads {', '.join(sorted(REQUEST_FIELDS))})")
+    messages = row["messages"]
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError("messages must be a non-empty list of {role, content} text messages")
+    spec = spec_of(response_format=row.get("response_format"))
+    if spec is not None and spec.kind not in ("json_schema", "json_object"):
+        raise ValueError("response_format must be a JSON Schema or json_object")
+    schema = None if spec is None else json.loads(spec.source) if spec.kind == "json_schema" else {"type": "object"}
+    tokens = row.get("max_tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+        raise ValueError("max_tokens must be a whole number >= 1")
+    user = [m["content"] for m in messages if m["role"] == "user"]
+    return Question(row.get("id", where), str(row.get("category", "requests")), user[-1] if user else "",
+                    messages=tuple(dict(m) for m in messages), schema=schema, max_tokens=tokens)
 
 
 def _select(questions: list[Question], categories: list[str] | None, limit: int | None, name: str) -> list[Question]:
@@ -308,6 +355,63 @@ def repair_question(row: dict) -> Question:
     return Question(first.question_id, "repair", first.prompt, loop)
 
 
+# The structured workload's schemas: what the answers must be (strict: every property required).
+_STR = {"type": "string"}
+FUNCTION_SCHEMA = {"type": "object", "additionalProperties": False,
+                   "required": ["name", "parameters", "returns", "summary", "examples"], "properties": {
+                       "name": _STR, "returns": _STR, "summary": _STR, "examples": {"type": "array", "items": _STR},
+                       "parameters": {"type": "array", "items": {
+                           "type": "object", "properties": {"name": _STR, "type": _STR}, "required": ["name", "type"],
+                           "additionalProperties": False}}}}
+ARTICLE_SCHEMA = {"type": "object", "additionalProperties": False,
+                  "required": ["headline", "people", "places", "quotes"], "properties": {
+                      "headline": _STR, "people": {"type": "array", "items": _STR},
+                      "places": {"type": "array", "items": _STR},
+                      "quotes": {"type": "array", "items": {
+                          "type": "object", "properties": {"speaker": _STR, "quote": _STR},
+                          "required": ["speaker", "quote"], "additionalProperties": False}}}}
+EXTRACTION_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
+    "items": {"type": "array", "items": {"type": "object", "properties": {"name": _STR, "details": _STR},
+                                         "required": ["name", "details"], "additionalProperties": False}}}}
+DESCRIBE = ("Describe this Python function as JSON: its name, its typed parameters, its return type, a one-line "
+            "summary, and the examples of its docstring.\n```python\n{code}```")
+ARTICLE = ("Read this article and give its facts as JSON: a headline, the people and places it names, and its "
+           "quotes with their speakers.\n\n{text}")
+EXTRACT = "{text}\n\nGive your answer as JSON: a list of items, each a name and its details."
+
+
+def structured_question(row: dict) -> Question | None:
+    """A row of HumanEval or Spec-Bench as a request whose answer follows a JSON Schema (None: a
+    Spec-Bench category the workload does not use): a function described, an article's facts, an
+    extraction question's items."""
+    if "task_id" in row:
+        code = _code(_text(row, "prompt"))
+        return Question(_text(row, "task_id"), "json-function", DESCRIBE.format(code=code),
+                        messages=({"role": "user", "content": DESCRIBE.format(code=code)},), schema=FUNCTION_SCHEMA)
+    first = spec_bench_question(row)
+    if first.category == "summarization":
+        text = first.prompt.removeprefix("Summarize:").strip()
+        prompt, schema, category = ARTICLE.format(text=text), ARTICLE_SCHEMA, "json-article"
+    elif first.category == "extraction":
+        prompt, schema, category = EXTRACT.format(text=first.prompt), EXTRACTION_SCHEMA, "json-extraction"
+    else:
+        return None
+    return Question(first.question_id, category, prompt, messages=({"role": "user", "content": prompt},),
+                    schema=schema)
+
+
+def _structured_set(rows: list[dict]) -> list[Question]:
+    """The structured workload: the rows given (HumanEval or Spec-Bench), and where they are the
+    shipped HumanEval problems, the shipped Spec-Bench questions too."""
+    if rows and "task_id" in rows[0] and rows == _rows(_shipped("humaneval.jsonl"), "humaneval"):
+        rows = rows + _rows(_shipped("spec_bench.jsonl"), "spec-bench")
+    return [q for q in map(structured_question, rows) if q is not None]
+
+
+def _shipped(file: str) -> str:
+    return resources.files("specdec.data").joinpath("prompts", file).read_text(encoding="utf-8")
+
+
 # name -> (packaged file, what turns its rows into questions)
 SETS: dict[str, tuple[str, Callable[[list[dict]], list[Question]]]] = {
     "spec-bench": ("spec_bench.jsonl", _spec_bench_set),
@@ -316,4 +420,5 @@ SETS: dict[str, tuple[str, Callable[[list[dict]], list[Question]]]] = {
     "humaneval-repair": ("humaneval.jsonl", _repair_set),
     "spec-bench-2turn": ("spec_bench.jsonl", _two_turn_set),
     "humaneval-files": ("humaneval.jsonl", file_questions),
+    "structured": ("humaneval.jsonl", _structured_set),
 }

@@ -84,7 +84,11 @@ def run_bench(model: Model, methods: list[Method], questions: list[Question], ma
     if not chat and any(q.conversation is not None for q in questions):
         raise SpecdecError(f"these questions have several turns, and {model.name} has no chat template "
                            "(a base model): give a chat model")
-    prompts = [model.encode(q.prompt, chat=chat) for q in questions]
+    if not chat and any(q.messages for q in questions):
+        raise SpecdecError(f"these questions are chat requests, and {model.name} has no chat template (a base model): "
+                           "give a chat model")
+    prompts = [model.loaded.codec.encode_messages(list(q.messages)) if q.messages else model.encode(q.prompt, chat=chat)
+               for q in questions]
     bench = BenchRun(questions, prompts, methods, greedy, {m.name: [] for m in methods},
                      rounds={m.name: [] for m in methods})
     def attempt(method: Method, ids: list[int], n: int, seed_i: int | None,
@@ -159,8 +163,12 @@ def run_question(method: Method, model: Model, question: Question | None, ids: l
                  seed: int | None) -> RunResult:
     """One question with one method: one call, or for a conversation every turn, each turn's prompt
     the conversation so far through the chat template (``max_new_tokens`` a turn)."""
+    schema = question.schema if question is not None else None
+    if schema is not None and not method.takes_schema:
+        raise SpecdecError(f"{method.name} cannot constrain an answer to a JSON Schema (a response_format)")
     if question is None or question.conversation is None:
-        return method.run(ids, max_new_tokens, seed)
+        n = (question.max_tokens or max_new_tokens) if question is not None else max_new_tokens
+        return method.run(ids, n, seed, schema=schema) if schema is not None else method.run(ids, n, seed)
     messages = [{"role": "user", "content": question.prompt}]
     parts: list[RunResult] = []
     answers: list[str] = []

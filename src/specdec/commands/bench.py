@@ -32,9 +32,11 @@ def add_parser(sub) -> None:
     bench.add_argument("--questions", metavar="SET|FILE",
                        help="a prompt set shipped with specdec: " + ", ".join(prompt_set_names()) + " (Spec-Bench's "
                             "13 categories; HumanEval functions to complete; the same functions to edit; an agent's "
-                            "repair loop on them, tests run between turns; Spec-Bench's two-turn chats), SET:FILE "
-                            "(the set built from another file of its format), or a .jsonl file of Spec-Bench "
-                            "questions (question_id, category, turns) or HumanEval problems (task_id, prompt, ...)")
+                            "repair loop on them, tests run between turns; Spec-Bench's two-turn chats; files asked "
+                            "about; answers as JSON following a schema), SET:FILE (the set built from another file "
+                            "of its format), or a .jsonl file of Spec-Bench questions (question_id, category, turns), "
+                            "HumanEval problems (task_id, prompt, ...) or OpenAI chat request bodies (messages, and "
+                            "optionally id, category, response_format, max_tokens)")
     bench.add_argument("--categories", help="comma-separated categories to keep")
     bench.add_argument("--limit", type=int, help="first N questions of each category")
     add_options(bench, ("max_new_tokens",))
@@ -107,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         bench, results["methods"] = _run(model, methods, questions, args, console)
         if bench.failed:
             results["failed"] = bench.failed  # peer methods that crashed: name -> error
-        _write_outputs(out, bench)
+        _write_outputs(out, bench, model)
+        _count_valid(results, bench, model)
         plots.plot_speedups(results, out / "speedup_by_category.png")
         plots.plot_tokens_per_s(results, out / "tokens_per_s.png")
     if args.cost_curve:
@@ -246,16 +249,44 @@ def results_table(methods: dict, overall_only: bool = False) -> Table:
     return table
 
 
-def _write_outputs(out: Path, bench) -> None:
+def _write_outputs(out: Path, bench, model) -> None:
+    """Every answer: its tokens and text, what it cost, and, where its question gave a JSON Schema,
+    whether the text is JSON valid against it."""
     with atomic_open(out / "outputs.jsonl") as fh:
         for m in bench.methods:
             for q, r in zip(bench.questions, bench.runs[m.name]):
                 s = r.stats
+                text = model.loaded.codec.final_text(r.token_ids)
+                extra = {"valid": schema_valid(text, q.schema)} if q.schema is not None else {}
                 fh.write(json.dumps({"question_id": q.question_id, "category": q.category, "method": m.name,
-                                     "token_ids": r.token_ids, "wall_s": round(r.wall_s, 4),
+                                     "token_ids": r.token_ids, "text": text, **extra, "wall_s": round(r.wall_s, 4),
                                      "target_forwards": r.target_forwards, "drafted": None if s is None else s.drafted,
                                      "accepted": None if s is None else s.accepted, "turns": r.turns,
                                      **({"outcome": r.outcome} if r.outcome is not None else {})}) + "\n")
+
+
+def _count_valid(results: dict, bench, model) -> None:
+    """Each method's share of answers valid against their question's JSON Schema (where any had one)."""
+    asked = [i for i, q in enumerate(bench.questions) if q.schema is not None]
+    if not asked:
+        return
+    for m in bench.methods:
+        runs = bench.runs[m.name]
+        valid = sum(schema_valid(model.loaded.codec.final_text(runs[i].token_ids), bench.questions[i].schema)
+                    for i in asked if i < len(runs))
+        results["methods"][m.name]["overall"]["schema_valid"] = round(valid / len(asked), 4)
+
+
+def schema_valid(text: str, schema: dict) -> bool:
+    """Whether ``text`` is one JSON value valid against ``schema`` (an end-of-sequence token's text,
+    if any, is not part of it)."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def _print_cost_curve(console: Console, curve: dict[int, float], results: dict) -> None:

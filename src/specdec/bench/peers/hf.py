@@ -24,7 +24,7 @@ class HFMethod(Method):
     options: GenerationOptions  # the sampling is read from it
     family: str = "hf"
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, schema=None):
         import torch
 
         ids = torch.tensor([prompt_ids], device=self.hf_model.device)

@@ -330,8 +330,12 @@ class LlamaServerMethod(Method):
     options: GenerationOptions  # the sampling is read from it
     family: str = "llama-server"
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    takes_schema = True
+
+    def run(self, prompt_ids, max_new_tokens, seed, schema=None):
         body = request_body(prompt_ids, max_new_tokens, self.options, seed)
+        if schema is not None:  # llama-server turns a JSON Schema into its grammar
+            body["json_schema"] = schema
         t0 = time.perf_counter()
         answer = parse_answer(self.server.complete(body))
         wall = time.perf_counter() - t0

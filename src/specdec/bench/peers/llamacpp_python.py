@@ -23,7 +23,7 @@ class LlamaMethod(Method):
     options: GenerationOptions  # the sampling is read from it
     family: str = "llamacpp"
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, schema=None):
         s = self.options
         # A fresh start: Llama.generate would otherwise reuse the KV cache of a shared prefix.
         self.llama.reset()

@@ -91,7 +91,7 @@ class VllmMethod(Method):
     options: GenerationOptions
     family: str = "vllm"
 
-    def run(self, prompt_ids, max_new_tokens, seed):
+    def run(self, prompt_ids, max_new_tokens, seed, schema=None):
         s = self.options
         answer = self.worker.generate({"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens,
                                        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
