@@ -82,6 +82,10 @@ class Server:
             self.model.loaded.cost_model()
         self.model.generate("Hello", options=defaults.with_(max_new_tokens=2), draft_model=self.draft_model)
         self.context_tokens()
+        try:  # the grammar engine's view of the tokenizer (about a second on a 152k vocabulary)
+            self.model.loaded.grammar(Spec("json_object"))
+        except SpecdecError:  # a tokenizer it cannot read: structured requests get the reason, in a 400
+            pass
 
     def context_tokens(self) -> int:
         """The tokens a generation's KV cache holds, prompt and answer (read once from a sequence
