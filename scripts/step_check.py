@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,8 +34,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from loadtest import wait_ready  # noqa: E402
+from loadtest import batch_counters, wait_ready  # noqa: E402
 
+from specdec.backends.llamacpp_lib import lib  # noqa: E402
 from specdec.bench.peers.llama_server import LlamaServer  # noqa: E402
 from specdec.cpu import machine_tag, usable_cpus  # noqa: E402
 from specdec.files import write_atomic  # noqa: E402
@@ -87,12 +87,10 @@ def _streamed(url: str, model: str, prompt: str, tokens: int) -> dict:
 
 def _ticks(url: str) -> tuple[float, float]:
     """Our server's ticks and seconds in their forwards so far (``/metrics``)."""
-    values = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values["specdec:batch_ticks_total"], values["specdec:batch_decode_seconds_total"]
+    counters = batch_counters(url)
+    if counters is None:
+        raise RuntimeError(f"{url} counts no ticks on /metrics")
+    return counters["ticks"], counters["decode_s"]
 
 
 def _start_ours(model: str, port: int) -> subprocess.Popen:
@@ -165,7 +163,7 @@ def main() -> int:
         "commit": subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                                  cwd=ROOT).stdout.strip(),
         "cpu": machine_tag(), "threads": usable_cpus(), "model": args.model, "tokens": args.tokens,
-        "system": specdec.backends.llamacpp_lib.lib().llama_print_system_info().decode().strip(),
+        "system": lib().llama_print_system_info().decode().strip(),
         "rounds": rounds,
         "generate_ms_per_token": median("generate"), "generate_forward_ms": median("generate", "forward_ms"),
         "llama_server_ms_per_token": median("llama_server_step"),
@@ -185,6 +183,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    import specdec.backends.llamacpp_lib  # noqa: F401  (the system line)
-
     sys.exit(main())

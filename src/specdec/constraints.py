@@ -12,8 +12,9 @@ allows a single continuation (a JSON object's keys and punctuation), its tokens 
 any model: llguidance's fast-forward tokens join the draft with confidence 1, so a run of N forced
 tokens costs one verifying forward, not N.
 
-:class:`Grammar` is a compiled constraint for one model's tokenizer (:func:`compile_constraint`);
-:meth:`Grammar.start` gives a :class:`Constraint`, the state of one generation.
+:class:`Grammar` is a compiled constraint for one model's tokenizer
+(:meth:`specdec.loaded.LoadedModel.grammar`); :meth:`Grammar.start` gives a :class:`Constraint`,
+the state of one generation.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class Constraint:
                     if self.matcher.is_stopped() or not allowed:
                         bits[i + 1:] = row
                         break
-                    if not self.matcher.consume_token(tokens[i]):
+                    if not self.matcher.consume_token(token):
                         self._check()
                     consumed += 1
         finally:
@@ -216,11 +217,6 @@ class Constraint:
                 return
             if not self.matcher.consume_token(token):
                 self._check()
-
-    @property
-    def finished(self) -> bool:
-        """Whether the grammar allows nothing more but the end of the sequence."""
-        return self.matcher.is_stopped()
 
 
 def apply(logits: torch.Tensor, masks: np.ndarray) -> torch.Tensor:

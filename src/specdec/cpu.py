@@ -70,7 +70,10 @@ _threads_before_one: list[int] = []
 
 
 def keep_torch_to_one_thread() -> None:
-    """torch on one thread from here on; the machine's tag still names the threads it had."""
+    """torch on one thread from here on; the machine's tag still names the threads it had. A
+    process that runs llama.cpp calls it: torch and llama.cpp share one OpenMP runtime, and what
+    torch computes beside llama.cpp are single rows of logits, which a second thread does not speed
+    up; a transformers model loaded later sets its own thread count (``--threads``)."""
     import torch
 
     if torch.get_num_threads() != 1:

@@ -82,17 +82,9 @@ def lib():
 
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     _state["quiet"] = quiet  # a ctypes callback must outlive its registration
-    keep_torch_to_one_thread()
+    cpu.keep_torch_to_one_thread()  # before any torch op starts a team beside llama.cpp's (see above)
     on_llama_thread(llama_cpp.llama_backend_init)
     return llama_cpp
-
-
-def keep_torch_to_one_thread() -> None:
-    """PyTorch's ops on one thread from here on, before any of them starts an OpenMP team that
-    would share the runtime with llama.cpp's (see the module's note on teams). What torch computes
-    beside llama.cpp are single rows of logits, which a second thread does not speed up; a
-    transformers model loaded later sets its own thread count (``--threads``)."""
-    cpu.keep_torch_to_one_thread()
 
 
 def load_model_file(path: str, params):

@@ -385,9 +385,9 @@ def structured_question(row: dict) -> Question | None:
     Spec-Bench category the workload does not use): a function described, an article's facts, an
     extraction question's items."""
     if "task_id" in row:
-        code = _code(_text(row, "prompt"))
-        return Question(_text(row, "task_id"), "json-function", DESCRIBE.format(code=code),
-                        messages=({"role": "user", "content": DESCRIBE.format(code=code)},), schema=FUNCTION_SCHEMA)
+        prompt = DESCRIBE.format(code=_code(_text(row, "prompt")))
+        return Question(_text(row, "task_id"), "json-function", prompt,
+                        messages=({"role": "user", "content": prompt},), schema=FUNCTION_SCHEMA)
     first = spec_bench_question(row)
     if first.category == "summarization":
         text = first.prompt.removeprefix("Summarize:").strip()

@@ -150,16 +150,14 @@ class Server:
         if req.model not in self.names():
             raise ApiError(404, f"model {req.model!r} is not served here (try {self.model.name!r})",
                            param="model", code="model_not_found")
-        cap = self.config.max_tokens
+        cap, context = self.config.max_tokens, self.context_tokens()
         if max_new_tokens is None:
-            context = self.context_tokens()
             room = context - len(prompt) if context else UNBOUNDED_ANSWER
             if room < 1:
                 raise ApiError(400, f"the prompt ({len(prompt)} tokens) leaves no room for an answer in the "
                                     f"model's context of {context} tokens", code="context_length_exceeded")
             max_new_tokens = room if cap is None else min(cap, room)
         else:
-            context = self.context_tokens()
             if context and len(prompt) + max_new_tokens > context:  # OpenAI's answer too, whatever the cap
                 raise ApiError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_new_tokens}) exceed the "
                                     f"model's context of {context} tokens", param="max_tokens",

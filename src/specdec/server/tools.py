@@ -80,7 +80,7 @@ def call_constraint(tools: list[dict], choice: Any, parallel: bool,
     rules = "\n".join(alternatives)
     calls = " | ".join(f"call_{i}" for i in range(len(functions)))
     block = f'{marks[0]} "\\n" ({calls}) "\\n" {marks[1]}'
-    start = f'start: block ("\\n" block)*' if parallel else "start: block"
+    start = 'start: block ("\\n" block)*' if parallel else "start: block"
     return Spec("lark", f"{start}\nblock: {block}\n{rules}\n")
 
 
