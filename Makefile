@@ -106,14 +106,14 @@ browser:
 # Python: network-bound beside the compile and the installs), then converted for the transformers
 # backend once the venv has its packages (not the wheel), so a fresh clone's suite starts with them cached.
 model-downloads:
-	PYTHONPATH=src python3 scripts/fetch_models.py --download
+	PYTHONPATH=src python3 tests/fetch_models.py --download
 
 models: $(VENV)/.deps model-downloads
-	$(PY) scripts/fetch_models.py
+	$(PY) tests/fetch_models.py
 
 # `make test` has a budget of 15 minutes from a fresh clone on a 2-core machine, setup included: make's
 # start is handed to pytest, whose timing log (.build/test-times.json) then covers setup too, and
-# scripts/suite_time.py says where the time went and fails a full run over the budget.
+# tests/suite_time.py says where the time went and fails a full run over the budget.
 # The suite runs on every core this make may use (pytest-xdist), one worker a core: most tests are
 # single-threaded toy models, and each worker's llama.cpp and torch forwards keep to its own core
 # (tests/conftest.py pins it), so that workers never spin threads on each other's cores. A module runs
@@ -125,7 +125,7 @@ TEST_WORKERS  ?= $(shell nproc)
 TEST_DIST     ?= loadscope
 test: setup browser models
 	SPECDEC_MAKE_START=$(MAKE_START) $(PY) -m pytest -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist $(TEST_DIST))
-	$(PY) scripts/suite_time.py check --budget $(TEST_BUDGET_S)
+	$(PY) tests/suite_time.py check --budget $(TEST_BUDGET_S)
 
 # The tests of the peers the benchmarks compare with (stock llama-server, SuffixDecoding), built
 # first; none may skip for want of its build. Run it before publishing results that cite them.

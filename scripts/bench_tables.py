@@ -176,7 +176,7 @@ KERNEL_SETTINGS = {
 
 
 def kernels(run: str) -> str:
-    """A ``scripts/kernel_costs.py`` run: milliseconds of a forward of k rows per kernel setting,
+    """A ``scripts/costs.py kernels`` run: milliseconds of a forward of k rows per kernel setting,
     exact over each other setting, and how many rows of a k-row forward differ from k one-row
     forwards, with where it ran."""
     results = load(run)

@@ -10,7 +10,7 @@ Generated parts of pages, so that nothing the code knows is copied by hand:
 - ``<!-- loadtest: FILE [servers=a,b] -->``: a load test's table from its ``results.jsonl``
   (:func:`bench_tables.loadtest`); ``loadtest-ticks``: what its levels' ticks held
   (:func:`bench_tables.loadtest_ticks`);
-- ``<!-- kernels: RUN -->``: a ``scripts/kernel_costs.py`` run's table (:func:`bench_tables.kernels`);
+- ``<!-- kernels: RUN -->``: a ``scripts/costs.py kernels`` run's table (:func:`bench_tables.kernels`);
 - ``<!-- gpu: architectures|pair|smollm2 -->``: the GPU check's tables from
   ``bench-results/gpu-check/*.json`` (:mod:`gpu_tables`);
 - ``<!-- v: FILE FIELD -->VALUE<!-- /v -->``: one number in the prose, bound to its results file and

@@ -2,7 +2,7 @@
 and transformers; no network). Writes OUT/report.json after every step and prints a summary.
 
 1. ``arch``: architectures with random weights, built on the device from the shipped models'
-   configurations (scripts/gpu_archs.json: Qwen2.5-Coder 1.5B and 0.5B from their GGUF metadata,
+   configurations (:data:`ARCHS`: Qwen2.5-Coder 1.5B and 0.5B from their GGUF metadata,
    the 7B from its published config), run through the engine as it runs on a GPU (a static KV
    cache, every forward replayed from a captured CUDA graph, exact: one 16-row shape):
    - the engine's cost curve, and its plain decoding step after a 50-token and a 2,000-token
@@ -22,24 +22,28 @@ and transformers; no network). Writes OUT/report.json after every step and print
    every running request a tick, CUDA graphs, a paged KV pool) under the load test's chat requests
    (HumanEval problems and Spec-Bench questions) at each ``--levels`` concurrency, with its default
    drafter and with ``"drafter": "none"`` in the same server, against transformers' continuous
-   batching (``scripts/hf_cb_server.py``: ``init_continuous_batching`` with CUDA graphs and its
+   batching (``gpu_check.py hf-cb-server``: ``init_continuous_batching`` with CUDA graphs and its
    compiled forward) on the same model and requests; every answer compared with the same request
    alone (the first level, one client), and the server's GPU memory after 20 and after 200 requests.
 
     python scripts/gpu_check.py --device cuda --smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf --out OUT
     python scripts/gpu_check.py --device cpu --toy --out OUT     # the same code at toy size (the tests)
+    python scripts/gpu_check.py --check-archs                    # ARCHS against the shipped GGUFs
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import os
 import platform
 import sys
+import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -57,7 +61,6 @@ from specdec.engine import DecodeConfig, decode  # noqa: E402
 from specdec.policies.adaptive import AdaptiveK  # noqa: E402
 from specdec.policies.fixed import FixedK  # noqa: E402
 
-ARCHS = Path(__file__).with_name("gpu_archs.json")
 ARCH_NAMES = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b")
 TARGET, DRAFT = "qwen2.5-coder-7b", "qwen2.5-coder-0.5b"
 # Per-token acceptance of the 0.5B drafting for the 1.5B: their greedy agreement on HumanEval,
@@ -66,6 +69,36 @@ PAIR_ACCEPTANCE = 0.979
 PAIR_KS = (4, 8, 12, 15)  # draft lengths timed for the pair (15 + 1 rows: one 16-row verification)
 CURVE_SIZES = (1, 2, 4, 8, 15, 16, 17, 32, 64)
 VARIANTS_ON = "qwen2.5-coder-1.5b"  # the architecture every --attention variant runs on (the first: all)
+# The architectures the arch part builds with random weights (no weights travel to the GPU, only
+# these shapes): the shipped models' from their GGUF metadata (``--check-archs`` reads them again and
+# says where they differ), Qwen2.5-Coder-7B's as published (no 7B ships here).
+SHIPPED_ARCHS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
+ARCHS: dict[str, dict] = {
+    "qwen2.5-coder-1.5b": {
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "source": "GGUF metadata of qwen2.5-coder-1.5b as shipped (1,117,320,768 bytes)"},
+    "qwen2.5-coder-0.5b": {
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "source": "GGUF metadata of qwen2.5-coder-0.5b as shipped (491,400,064 bytes)"},
+    "smollm2-135m": {
+        "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": True,
+        "source": "GGUF metadata of smollm2-135m as shipped (98,362,432 bytes)"},
+    "qwen2.5-coder-7b": {
+        "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "source": "Qwen/Qwen2.5-Coder-7B-Instruct config.json (published)"},
+}
 TOY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
        "num_key_value_heads": 2, "vocab_size": 512}
 
@@ -269,7 +302,7 @@ def expected_speedup(target: dict[int, float], draft: dict[int, float], acceptan
 def architectures(args, device: str, dtype: torch.dtype, report: dict, save) -> dict:
     """Each architecture through the engine on graphs (see the module's docstring), into
     ``report["architectures"]`` as it goes."""
-    archs = json.loads(ARCHS.read_text())
+    archs = ARCHS
     results: dict = {}
     report["architectures"] = results
     kept: dict = {}  # the draft model, kept for the pair
@@ -531,7 +564,7 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, our
     if ours:
         _serve_ours(args, device, dtype_name, results, save, load, bodies)
     if peers and "transformers-cb" in args.serve_peers:
-        process = _server([sys.executable, str(ROOT / "scripts" / "hf_cb_server.py"), "--model", hf_dir,
+        process = _server([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "hf-cb-server", "--model", hf_dir,
                            "--name", "smollm2", "--port", "8101", "--slots", str(args.slots), "--dtype", dtype_name,
                            "--device", device, "--max-tokens", str(args.smollm2_tokens)]
                           + ([] if device.startswith("cuda") else ["--no-graphs", "--compile-level", "0"]),
@@ -623,7 +656,199 @@ def summarise(rows: dict[str, dict[str, list]]) -> dict:
     return report
 
 
+# --- the serve part's peer: transformers' continuous batching behind the OpenAI chat API ------------
+def hf_cb_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
+    """The OpenAI chat API over a started ``ContinuousBatchingManager``: a dispatcher thread takes every
+    streamed result off the manager's output queue and hands it to its request."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+    waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+    lock = threading.Lock()
+
+    def dispatch() -> None:  # the manager's results to the requests waiting for them
+        while True:
+            result = manager.get_result(timeout=0.5)
+            if result is None:
+                if not manager.is_running():
+                    return
+                continue
+            with lock:
+                target = waiting.get(result.request_id)
+            if target is not None:
+                loop, queue = target
+                loop.call_soon_threadsafe(queue.put_nowait, result)
+
+    threading.Thread(target=dispatch, daemon=True, name="cb-dispatch").start()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "transformers"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        new = int(body.get("max_tokens") or max_tokens)
+        rid = f"req-{uuid.uuid4().hex}"
+        queue: asyncio.Queue = asyncio.Queue()
+        with lock:
+            waiting[rid] = (asyncio.get_running_loop(), queue)
+        manager.add_request(ids, request_id=rid, max_new_tokens=new, streaming=True)
+
+        async def results():
+            try:
+                while True:
+                    result = await queue.get()
+                    yield result
+                    if result.is_finished():
+                        return
+            finally:
+                with lock:
+                    waiting.pop(rid, None)
+
+        if not body.get("stream"):
+            last = None
+            async for result in results():
+                last = result
+            tokens = list(last.generated_tokens)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            return JSONResponse({"id": rid, "object": "chat.completion", "model": name,
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                              "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}})
+
+        async def stream():
+            sent, tokens = "", []
+            async for result in results():
+                tokens = list(result.generated_tokens)
+                text = tokenizer.decode(tokens, skip_special_tokens=True)
+                if text.endswith("\ufffd"):  # half a character: wait for the rest
+                    continue
+                delta, sent = text[len(sent):], text
+                if delta:
+                    chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": name,
+                             "choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": None}]}
+                    yield f"data: {json.dumps(chunk)}\n\n"
+            usage = {"prompt_tokens": len(ids), "completion_tokens": len(tokens)}
+            yield f"data: {json.dumps({'id': rid, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+def hf_cb_manager(model, tokenizer, slots: int, graphs: bool, compile_level: int, max_tokens: int,
+                max_batch_tokens: int = 4096):
+    """A started ``ContinuousBatchingManager`` for ``model``, greedy, its graphs captured (warm-up)."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    eos = tokenizer.eos_token_id if model.generation_config.eos_token_id is None else model.generation_config.eos_token_id
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
+                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+    # Its KV cache and batch sized for the load test (by default it takes 90% of the free memory and
+    # sizes a batch's tokens from it, and its warm-up then runs out of memory on an H200).
+    cb = ContinuousBatchingConfig(max_requests_per_batch=slots, use_cuda_graph=graphs,
+                                  default_compile_level=compile_level, max_memory_percent=0.3,
+                                  max_batch_tokens=max_batch_tokens)
+    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+    manager.warmup()
+    manager.start()
+    return manager
+
+
+def hf_cb_server(argv: list[str]) -> int:
+    """transformers' own continuous batching behind the OpenAI chat API, as the serve part's peer (the
+    same load test runs against it): ``init_continuous_batching`` (paged KV cache, one batch of every
+    running request a step) with CUDA graphs and its compiled forward, as its documentation recommends
+    for speed (``--compile-level``: ``ContinuousBatchingConfig``'s ``default_compile_level``;
+    ``--no-graphs`` turns the graphs off); greedy decoding.
+
+        python scripts/gpu_check.py hf-cb-server --model /path/to/hf-folder --port 8101 --slots 16
+    """
+    parser = argparse.ArgumentParser(prog="gpu_check.py hf-cb-server", description=hf_cb_server.__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a transformers folder")
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--port", type=int, default=8101)
+    parser.add_argument("--slots", type=int, default=16, help="requests in a batch at most")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--compile-level", type=int, default=1)
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false")
+    parser.add_argument("--max-batch-tokens", type=int, default=4096, help="tokens of one batch (prompts included)")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    manager = hf_cb_manager(model, tokenizer, args.slots, args.graphs and args.device.startswith("cuda"),
+                          args.compile_level, args.max_tokens, args.max_batch_tokens)
+    app = hf_cb_app(model, tokenizer, manager, args.name or args.model, args.max_tokens)
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    finally:
+        manager.stop(block=False)
+    return 0
+
+
+def from_gguf(path: Path, name: str) -> dict:
+    """A transformers config (as a dict) from a GGUF file's metadata and tensor shapes."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+
+    def field(key: str):
+        f = reader.fields[key]
+        value = f.parts[f.data[0]]
+        return bytes(value).decode() if f.types and f.types[0].name == "STRING" else value.tolist()[0]
+
+    arch = field("general.architecture")
+    shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}
+    vocab = shapes["token_embd.weight"][1]  # GGUF lists dimensions innermost first
+    return {
+        "model_type": {"qwen2": "qwen2", "llama": "llama"}[arch],
+        "vocab_size": vocab,
+        "hidden_size": field(f"{arch}.embedding_length"),
+        "intermediate_size": field(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": field(f"{arch}.block_count"),
+        "num_attention_heads": field(f"{arch}.attention.head_count"),
+        "num_key_value_heads": field(f"{arch}.attention.head_count_kv"),
+        "max_position_embeddings": field(f"{arch}.context_length"),
+        # float32 in the file: printed back at float32's precision
+        "rope_theta": float(f"{field(f'{arch}.rope.freq_base'):.7g}"),
+        "rms_norm_eps": float(f"{field(f'{arch}.attention.layer_norm_rms_epsilon'):.7g}"),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "source": f"GGUF metadata of {name} as shipped ({path.stat().st_size:,} bytes)",
+    }
+
+
+def check_archs() -> int:
+    """Read the shipped models' configurations from their GGUF files again (fetched on first use) and
+    say where :data:`ARCHS` differs from them."""
+    from specdec.models import resolve
+
+    differ = 0
+    for name in SHIPPED_ARCHS:
+        read = from_gguf(Path(resolve(name, None, need_hf=False).gguf), name)
+        diff = {k: (ARCHS[name].get(k), v) for k, v in read.items() if k != "source" and ARCHS[name].get(k) != v}
+        differ += bool(diff)
+        print(f"{name}: " + (f"differs (ARCHS, GGUF): {diff}" if diff else "as in ARCHS"))
+    return 1 if differ else 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hf-cb-server"]:
+        return hf_cb_server(argv[1:])
+    if argv[:1] == ["--check-archs"]:
+        return check_archs()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on a CPU")
@@ -646,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smollm2-tokens", type=int, default=128)
     parser.add_argument("--methods", default="plain,ngram,hf-static,hf-plain,hf-lookup",
                         help="the SmolLM2 part's methods, in the order each question runs them")
-    parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_prepare.sh records the commit)")
+    parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_device.sh prepare records the commit)")
     parser.add_argument("--parts", default="arch,smollm2",
                         help="which parts run, in this order: arch (random-weight architectures), smollm2 (real weights), "
                              "serve (the GPU server under load), serve-peers (transformers' continuous batching "

@@ -161,7 +161,7 @@ def serve(folder: Path = FOLDER) -> str:
                      f"after {last} {_n(memory[last], 0)} MiB ({_n(memory[last] / memory[first], 3)}x).")
     if "transformers-cb" not in s:
         notes.append("transformers' continuous batching: not measured in this run (its warm-up ran out of memory "
-                     "with its default KV sizing; scripts/hf_cb_server.py now sizes it).")
+                     "with its default KV sizing; scripts/gpu_check.py hf-cb-server now sizes it).")
     engine = ("every running request's rows in one padded forward a tick, replayed from a CUDA graph, over a "
               "paged KV pool, kernels compiled by torch.compile")
     return (f"{_machine(report, engine)}; SmolLM2-135M, {s['slots']} slots, {s['requests']} chat requests a level "

@@ -26,6 +26,9 @@ draft tokens per tick, ticks per generated token, and the share of ticks that ve
 
 Each level's line keeps its requests' latencies and tokens, so that several passes of the same
 levels merge into one line per server and level (``--merge FILE``, :func:`merge_passes`).
+
+``--tick-traces FILE...`` sums up what a batch's ticks did in tick traces (``SPECDEC_TICK_TRACE=FILE
+specdec serve``; :func:`summarize_tick_trace`).
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -373,6 +378,49 @@ def mixed_prompts(sources: list[str]) -> list[str]:
     return [p for round_ in zip_longest(*lists) for p in round_ if p is not None]
 
 
+def tick_trace_summary(lines: list[dict]) -> dict:
+    """The figures of one tick trace (one context's ticks): the decoding ticks (prompts' ticks apart:
+    a submission of several rows that verifies no draft is a prompt), split into those that verified a
+    draft and those that did not, with their mean seconds, sequences, rows and forwards; how often
+    running sequences were left out of a tick (they then step in one of their own); the draft rows
+    offered to the batch's choice and taken."""
+    prompt = [t for t in lines if any(r > 1 and d == 0 for r, d in zip(t["rows"], t["drafted"]))]
+    decoding = [t for t in lines if t not in prompt]
+    drafting = [t for t in decoding if any(t["drafted"])]
+    plain = [t for t in decoding if not any(t["drafted"])]
+    busy = [t for t in decoding if len(t["running"]) >= 2]
+    behind = [len(set(t["running"]) - set(t["seqs"])) for t in busy]
+
+    def kind(ticks: list[dict]) -> dict:
+        if not ticks:
+            return {"ticks": 0}
+        return {"ticks": len(ticks), "seconds": round(sum(t["seconds"] for t in ticks), 2),
+                "mean_s": round(statistics.mean(t["seconds"] for t in ticks), 3),
+                "sequences": round(statistics.mean(len(t["seqs"]) for t in ticks), 2),
+                "rows": round(statistics.mean(sum(t["rows"]) for t in ticks), 2),
+                "draft_rows": round(statistics.mean(sum(t["drafted"]) for t in ticks), 2),
+                "forwards": round(statistics.mean(len(t["forwards"]) for t in ticks), 2)}
+
+    offered = sum(o for t in lines for o in t["offered"] if o is not None)
+    taken = sum(d for t in lines for o, d in zip(t["offered"], t["drafted"]) if o is not None)
+    return {"prompt_ticks": kind(prompt), "drafting_ticks": kind(drafting), "plain_ticks": kind(plain),
+            "ticks_leaving_some_behind": round(sum(b > 0 for b in behind) / len(busy), 3) if busy else None,
+            "left_behind_per_tick": round(statistics.mean(behind), 2) if behind else None,
+            "offered_rows": offered, "taken_rows": taken}
+
+
+def summarize_tick_trace(path: Path) -> dict:
+    """Every context's summary in a tick trace file (``SPECDEC_TICK_TRACE=FILE specdec serve``: every
+    tick of the batched llama.cpp context as a JSON line; a draft model's ticks are a context of their
+    own)."""
+    by_context: dict[int, list[dict]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            tick = json.loads(line)
+            by_context.setdefault(tick.get("context", 0), []).append(tick)
+    return {str(i): tick_trace_summary(ticks) for i, ticks in enumerate(by_context.values())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -402,7 +450,12 @@ def main() -> None:
                              "default: none, each request drafts from its own text alone)")
     parser.add_argument("--merge", default=None, metavar="FILE",
                         help="print FILE's load-test lines merged, one per server and level (merge_passes), and exit")
+    parser.add_argument("--tick-traces", nargs="+", default=None, metavar="FILE",
+                        help="print what the ticks of these tick traces (SPECDEC_TICK_TRACE) did, as JSON, and exit")
     args = parser.parse_args()
+    if args.tick_traces:
+        print(json.dumps({Path(p).name: summarize_tick_trace(Path(p)) for p in args.tick_traces}, indent=1))
+        return
     if args.merge:
         with open(args.merge, encoding="utf-8") as f:
             lines = [json.loads(line) for line in f if line.strip()]

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-import readme_table
+import readme_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
@@ -44,12 +44,12 @@ FOLDERS: dict[str, tuple[str, str]] = {
     "qwen-editing-fast": ("editing on llama.cpp's own kernels (`--no-exact`)",
                           "Benchmarks"),
     "qwen-heldout-edit-oracle": ("a perfect drafter beside `ngram` and SuffixDecoding: the cost curve's ceiling "
-                                 "(scripts/oracle_ceiling.py)",
+                                 "(scripts/ceilings.py oracle)",
                                  "Benchmarks"),
     "qwen-heldout-repair-oracle": ("the same ceiling on the repair loop",
                                    "Benchmarks"),
     "replay-ceilings": ("recorded plain answers replayed through drafters and policies on the measured cost curve, "
-                        "candidates cut in hindsight (scripts/replay_transcripts.py)",
+                        "candidates cut in hindsight (scripts/ceilings.py replay)",
                         "Benchmarks"),
     "replay-repair": ("the repair loop's recorded answers replayed, the window rule before and after",
                       "Benchmarks"),
@@ -61,13 +61,13 @@ FOLDERS: dict[str, tuple[str, str]] = {
                        "two-turn questions), not results",
                        "Benchmarks"),
     "qwen-kernels-gen2": ("an exact forward of k rows against llama.cpp's fast kernels and the patch's first "
-                          "version; the bits of k rows against k one-row forwards (scripts/kernel_costs.py)",
+                          "version; the bits of k rows against k one-row forwards (scripts/costs.py kernels)",
                           "Exact vs fast"),
     "qwen-kernels-stock": ("an exact forward of k rows against the llama.cpp users get (make llama-peers, "
-                           "llamafile on) and the same build's fast kernels, in one run (scripts/kernel_costs.py)",
+                           "llamafile on) and the same build's fast kernels, in one run (scripts/costs.py kernels)",
                            "Exact vs fast"),
     "amx-kernels": ("an exact forward of k rows with AMX buffers (tiles, and the multi-row VNNI kernels for 2-4 rows) "
-                    "against the same patch's build without AMX and the llama.cpp users get (scripts/kernel_costs.py)",
+                    "against the same patch's build without AMX and the llama.cpp users get (scripts/costs.py kernels)",
                     "Exact vs fast"),
     "qwen-kernels-gen2-avx2": ("the same with an AVX2-only build of the same source",
                                "Exact vs fast"),
@@ -107,10 +107,10 @@ FOLDERS: dict[str, tuple[str, str]] = {
     "self-vs-hf-gemma-hf-fp32-switch": ("self-speculation against transformers' methods in one run",
                                         "Drafters"),
     "index-costs": ("the n-gram index of earlier outputs: memory and lookup cost at its bound "
-                    "(scripts/index_costs.py)",
+                    "(scripts/costs.py index)",
                     "Drafters"),
     "grammar-costs": ("what a grammar engine's token masks cost on Qwen2.5-Coder's vocabulary: llguidance "
-                      "and xgrammar, beside a plain step (scripts/grammar_costs.py)", "Structured output"),
+                      "and xgrammar, beside a plain step (scripts/costs.py grammar)", "Structured output"),
     "step-check": ("our one-row step (`specdec generate`, a 1-row tick of `specdec serve`) against stock "
                    "llama-server's, in one run (scripts/step_check.py)", "Serving"),
     "loadtest-qwen": ("`specdec serve` against stock llama-server under 1-16 concurrent clients",
@@ -118,9 +118,9 @@ FOLDERS: dict[str, tuple[str, str]] = {
     "loadtest-qwen-heldout": ("the same load test on held-out prompts (bench-results/heldout-inputs)",
                               "Serving"),
     "tick-costs": ("what a shared tick costs by its layout: drafts beside other sequences' steps "
-                   "(scripts/tick_costs.py)", "Serving"),
+                   "(scripts/costs.py ticks)", "Serving"),
     "load-ceiling": ("what drafting could give under load at most, from the tick costs and the load tests' "
-                     "counters, beside servers that did the same work (scripts/load_ceiling.py)", "Serving"),
+                     "counters, beside servers that did the same work (scripts/ceilings.py load)", "Serving"),
     "loadtest-index": ("serving clients that ask about the same files: the per-key index of earlier answers",
                        "Serving"),
     "loadtest": ("`specdec serve` against vLLM on CPU under load (SmolLM2-135M)",
@@ -142,10 +142,10 @@ PROMPTS = {
                                  "self-vs-hf-gemma-hf-fp32-switch")},
 }
 # The README table's runs and how long `make results` took: named by the workloads themselves.
-GENERATED = {Path(w.folder).name: (f"README table: {w.name}", "README, Benchmarks") for w in readme_table.WORKLOADS}
+GENERATED = {Path(w.folder).name: (f"README table: {w.name}", "README, Benchmarks") for w in readme_results.WORKLOADS}
 GENERATED["make-results"] = ("how long `make results` took, per workload (scripts/readme_results.py)", "README")
 GENERATED["make-test"] = ("`make test` from a fresh clone: setup, the suite, where its time goes "
-                          "(scripts/suite_time.py)", "Quickstart")
+                          "(tests/suite_time.py)", "Quickstart")
 
 
 def prompts(folder: Path) -> str:
@@ -154,7 +154,7 @@ def prompts(folder: Path) -> str:
     if path.exists():
         data = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(data.get("questions"), str) or "--questions" in data.get("command", ""):
-            return readme_table.prompts(data)
+            return readme_results.prompts(data)
     return PROMPTS.get(folder.name, "-")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,21 +17,23 @@ from rich.console import Console
 
 import specdec
 from specdec.commands.generate import plain_step_s
+from specdec.bench.questions import load_questions
 from specdec.trace import Detokenizer, document, step_record
-from browser import chromium
 from specdec.views.files import save
 from specdec.views.terminal import LiveView, describe, replay
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared/data/spec_bench/questions.jsonl"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "tests"))  # the headless Chromium the page tests drive too
+from browser import chromium  # noqa: E402
 
 
 def question(category: str) -> str:
-    for line in QUESTIONS.read_text(encoding="utf-8").splitlines():
-        q = json.loads(line)
-        if q["category"] == category:
-            return q["turns"][0]
-    raise SystemExit(f"no {category} question in {QUESTIONS}")
+    """The first shipped Spec-Bench question of ``category``."""
+    found = load_questions("spec-bench", [category], 1)
+    if not found:
+        raise SystemExit(f"no Spec-Bench question of category {category!r}")
+    return found[0].prompt
 
 
 def terminal_png(console: Console, name: str, browser, folder: Path) -> None:

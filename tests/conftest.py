@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# The tooling tests share with the scripts (the load test, the headless browser) lives in scripts/,
-# outside the package users install.
+# The tooling tests share with the maintainer's scripts (the load test, the docs' generators) lives
+# in scripts/, outside the package users install; the tests' own helpers (the headless browser, the
+# suite's timing log, the models fetched during setup) are here in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from specdec.backends.toy import ToyLM
@@ -188,7 +189,7 @@ def pytest_runtest_makereport(item, call):
 # --- the suite's own timing log ------------------------------------------------------------------
 # Every run writes each test's setup, call and teardown seconds to .build/test-times.json, with the
 # session's wall time and, under `make test`, when make started (so setup counts): `python
-# scripts/suite_time.py report` says where the time went, and `make test` fails through `check` when
+# tests/suite_time.py report` says where the time went, and `make test` fails through `check` when
 # a full run broke the 15-minute budget.
 _TIMES: dict[str, dict[str, float]] = {}
 _OUTCOMES: dict[str, str] = {}

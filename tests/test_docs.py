@@ -84,28 +84,28 @@ def test_the_gpu_results_readme_is_what_its_reports_give(tmp_path):
 
 
 def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(tmp_path):
-    """README.md's table is generated from the results files it cites (scripts/readme_table.py): a
+    """README.md's table is generated from the results files it cites (scripts/readme_results.py): a
     number changed in one of them and not regenerated fails here; the README stays short."""
     import json
     import shutil
     import sys
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import readme_table
+    import readme_results
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.encode()) < 8 * 1024
     assert sum(line.startswith("|---") for line in readme.splitlines()) == 1
-    assert readme_table.written(readme) == readme_table.table()
+    assert readme_results.written(readme) == readme_results.table()
     copy = tmp_path / "checkout"
-    for workload in readme_table.WORKLOADS:
+    for workload in readme_results.WORKLOADS:
         shutil.copytree(ROOT / workload.shown(), copy / workload.shown())
-    assert readme_table.table(copy) == readme_table.table()
-    first = copy / readme_table.WORKLOADS[0].shown() / "results.json"
+    assert readme_results.table(copy) == readme_results.table()
+    first = copy / readme_results.WORKLOADS[0].shown() / "results.json"
     results = json.loads(first.read_text())
     results["methods"]["ngram"]["overall"]["gen_tokens_per_s"] += 0.1
     first.write_text(json.dumps(results))
-    assert readme_table.table(copy) != readme_table.written(readme)
+    assert readme_results.table(copy) != readme_results.written(readme)
 
 
 # Pages whose defaults are checked against the code (benchmarks.md and gpu.md report measurements).

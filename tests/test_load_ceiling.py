@@ -1,4 +1,4 @@
-"""scripts/load_ceiling.py: what drafting could gain under load at most, from a tick-cost fit."""
+"""scripts/ceilings.py load: what drafting could gain under load at most, from a tick-cost fit."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "load_ceiling.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ceilings.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("load_ceiling", SCRIPT)
+    spec = importlib.util.spec_from_file_location("ceilings", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

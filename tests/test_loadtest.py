@@ -278,3 +278,28 @@ def test_the_merge_command_prints_one_line_per_server_and_level(tmp_path, monkey
     loadtest.main()
     header, a = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert header == {"run": "x"} and a["tokens_per_s"] == 7.5 and a["passes"] == 2
+
+
+def _tick(seqs, rows, drafted, offered, running, seconds, forwards):
+    return {"context": 7, "seconds": seconds, "seqs": seqs, "rows": rows, "drafted": drafted, "offered": offered,
+            "running": running, "forwards": forwards}
+
+
+def test_the_tick_traces_command_sums_up_what_the_ticks_did(tmp_path, monkeypatch, capsys):
+    """A prompt's tick (several rows, no draft) apart; a tick that verified a draft, and one that did
+    not and left a running sequence out; the draft rows offered to the tick's choice and taken."""
+    trace = tmp_path / "specdec.jsonl"
+    ticks = [_tick([0], [12], [0], [None], [0], 0.5, [[12, 1]]),
+             _tick([0, 1], [4, 1], [3, 0], [3, None], [0, 1], 0.2, [[5, 2]]),
+             _tick([0], [1], [0], [2], [0, 1], 0.1, [[1, 1]])]
+    trace.write_text("".join(json.dumps(t) + "\n" for t in ticks))
+    monkeypatch.setattr(sys, "argv", ["loadtest", "--tick-traces", str(trace)])
+    loadtest.main()
+    summary = json.loads(capsys.readouterr().out)["specdec.jsonl"]["0"]
+    assert summary["prompt_ticks"]["ticks"] == 1 and summary["prompt_ticks"]["seconds"] == 0.5
+    assert summary["drafting_ticks"] == {"ticks": 1, "seconds": 0.2, "mean_s": 0.2, "sequences": 2, "rows": 5,
+                                         "draft_rows": 3, "forwards": 1}
+    assert summary["plain_ticks"]["ticks"] == 1 and summary["plain_ticks"]["rows"] == 1
+    # Of the two ticks with two sequences running, the last left one of them out.
+    assert summary["ticks_leaving_some_behind"] == 0.5 and summary["left_behind_per_tick"] == 0.5
+    assert summary["offered_rows"] == 5 and summary["taken_rows"] == 3

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import readme_results  # noqa: E402
-import readme_table  # noqa: E402
 
 
 def _method(gen: float, plain_gen: float, speedup: float = 1.0, identical=True) -> dict:
@@ -34,25 +33,25 @@ def test_every_row_runs_the_peers_and_the_workloads_name_their_prompts():
     """Each workload's command runs our plain decoding and ngram beside llama-server's plain
     decoding and n-gram types, into its own bench-results folder; the editing, repair and two-turn
     rows ask the held-out prompts."""
-    for w in readme_table.WORKLOADS:
+    for w in readme_results.WORKLOADS:
         command = w.command()
         methods = command[command.index("--methods") + 1].split(",")
         assert {"plain", "ngram", "llama-server-plain"} <= set(methods)
         assert any(m.startswith("llama-server-ngram-") for m in methods)
         assert command[command.index("--out") + 1] == w.folder and w.folder.startswith("bench-results/")
-    held_out = {w.name for w in readme_table.WORKLOADS if readme_table.HELDOUT in w.questions}
+    held_out = {w.name for w in readme_results.WORKLOADS if readme_results.HELDOUT in w.questions}
     assert held_out == {"editing", "agent repair loop", "two-turn chats"}
 
 
 def test_the_table_reads_prompts_commit_machine_and_the_best_peer_from_the_records(tmp_path):
-    for i, w in enumerate(readme_table.WORKLOADS):
+    for i, w in enumerate(readme_results.WORKLOADS):
         folder = tmp_path / w.folder
         folder.mkdir(parents=True)
         peers = {"llama-server-ngram-simple": 33.0, "llama-server-ngram-mod": 35.0 if i % 2 else 32.0}
         (folder / "results.json").write_text(json.dumps(_results("abc123def456", w.questions, peers)))
-    table = readme_table.table(tmp_path)
+    table = readme_results.table(tmp_path)
     rows = [line for line in table.splitlines() if line.startswith("| [")]
-    assert len(rows) == len(readme_table.WORKLOADS)
+    assert len(rows) == len(readme_results.WORKLOADS)
     assert "2 held-out functions" in rows[0] and "2 tuning questions" in rows[3]
     assert "`ngram-simple` 33.0" in rows[0] and "`ngram-mod` 35.0" in rows[1]  # the faster type of each run
     assert "answers differ" in rows[0]  # the peer's answers are not plain decoding's
@@ -61,10 +60,10 @@ def test_the_table_reads_prompts_commit_machine_and_the_best_peer_from_the_recor
 
 
 def test_a_run_recorded_without_its_prompts_says_so():
-    assert readme_table.prompts({"command": "specdec bench --questions spec-bench --limit 4"}) == "tuning"
-    assert readme_table.prompts({"command": "specdec bench --questions humaneval-edit:bench-results/"
+    assert readme_results.prompts({"command": "specdec bench --questions spec-bench --limit 4"}) == "tuning"
+    assert readme_results.prompts({"command": "specdec bench --questions humaneval-edit:bench-results/"
                                             "heldout-inputs/humaneval-p8-15.jsonl"}) == "held-out"
-    assert readme_table.prompts({"command": "python scripts/kernel_costs.py"}) == "not recorded"
+    assert readme_results.prompts({"command": "python scripts/costs.py kernels"}) == "not recorded"
 
 
 def _git(root: Path, *args: str) -> str:
@@ -77,7 +76,7 @@ def checkout(tmp_path) -> Path:
     root = tmp_path / "checkout"
     (root / "src").mkdir(parents=True)
     (root / "src" / "code.py").write_text("x = 1\n")
-    (root / "README.md").write_text(f"# r\n\n{readme_table.BEGIN}\nold\n{readme_table.END}\n")
+    (root / "README.md").write_text(f"# r\n\n{readme_results.BEGIN}\nold\n{readme_results.END}\n")
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
@@ -104,12 +103,12 @@ def test_make_results_runs_every_workload_at_one_commit_and_regenerates(checkout
     regenerated = []
     monkeypatch.setattr(readme_results, "regenerate", lambda root: regenerated.append(root))
     timing = readme_results.run_all(checkout, bench=bench)
-    assert [c[c.index("--out") + 1] for c in ran] == [w.folder for w in readme_table.WORKLOADS]
+    assert [c[c.index("--out") + 1] for c in ran] == [w.folder for w in readme_results.WORKLOADS]
     assert regenerated == [checkout] and timing["commit"] == commit
     recorded = json.loads((checkout / readme_results.TIMING / "results.json").read_text())
-    assert set(recorded["seconds"]) == {w.name for w in readme_table.WORKLOADS}
+    assert set(recorded["seconds"]) == {w.name for w in readme_results.WORKLOADS}
     assert recorded["machine"] == "Test CPU-avx2-2t"
-    readme_table.write(checkout)
+    readme_results.write(checkout)
     assert f"commit `{commit}`" in (checkout / "README.md").read_text()
 
 
@@ -128,5 +127,5 @@ def test_the_benchmarks_page_shows_the_commands_make_results_runs():
     """docs/benchmarks.md lists make results' commands as they are (tests/test_readme_commands.py
     then runs each through the bench's checks)."""
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for workload in readme_table.WORKLOADS:
+    for workload in readme_results.WORKLOADS:
         assert " ".join(workload.command()) in page, workload.name

@@ -1,4 +1,4 @@
-"""scripts/replay_transcripts.py: recorded answers replayed through the real loop, priced on a curve."""
+"""scripts/ceilings.py record and replay: recorded answers replayed through the real loop, priced on a curve."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from specdec.costs import CALIBRATION_SIZES, SWITCH_KEY, CostModel
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "replay_transcripts.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ceilings.py"
 CURVE = {1: 1.0, 2: 1.43, 3: 1.84, 4: 2.29, 6: 2.87, 8: 3.87, 16: 7.47, 32: 14.1, 64: 30.1}
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("replay_transcripts", SCRIPT)
+    spec = importlib.util.spec_from_file_location("ceilings", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up
     spec.loader.exec_module(module)

@@ -1,17 +1,15 @@
-"""The suite's 15-minute budget, checked from its own timing log (scripts/suite_time.py)."""
+"""The suite's 15-minute budget, checked from its own timing log (tests/suite_time.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import suite_time  # noqa: E402
+import suite_time  # noqa: E402  (tests/suite_time.py, beside this file)
 
 
 def _log(setup_s: float, suite_s: float, full: bool = True, make: bool = True) -> dict:
@@ -70,7 +68,7 @@ def test_the_recorded_fresh_clone_make_test_kept_its_budget():
     under 15 minutes, and its log says where the time went."""
     path = ROOT / "bench-results" / "make-test" / "results.json"
     if not path.exists():
-        pytest.skip("no make test run recorded yet (scripts/suite_time.py record bench-results/make-test)")
+        pytest.skip("no make test run recorded yet (tests/suite_time.py record bench-results/make-test)")
     recorded = json.loads(path.read_text(encoding="utf-8"))
     assert recorded["total_s"] == pytest.approx(recorded["setup_s"] + recorded["suite_s"], abs=2)
     assert recorded["total_s"] <= recorded["budget_s"] == suite_time.BUDGET_S

@@ -170,7 +170,7 @@ class SharedSequences:
         self.placeholders = 0  # rows put in gaps between the ticks' sequence ids (see _holes)
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
         # Every tick as a JSON line in this file, where SPECDEC_TICK_TRACE names one (to find out
-        # what a batch did: scripts/tick_traces.py sums such files up).
+        # what a batch did: scripts/loadtest.py --tick-traces sums such files up).
         self._trace_file = _trace_file()
         self._expected: dict | None = None  # the last choice's expected tokens and seconds (traced)
 

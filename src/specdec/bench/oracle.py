@@ -1,8 +1,8 @@
 """The perfect drafter: the target's own greedy continuation, known in advance, at confidence 1.
 
 Every token it drafts is kept, so a run with it measures the ceiling the cost curve leaves any
-drafter on a workload (``scripts/oracle_ceiling.py`` times it beside real drafters;
-``scripts/replay_transcripts.py`` replays it on recorded answers). Not registered: it needs the
+drafter on a workload (``scripts/ceilings.py oracle`` times it beside real drafters;
+``scripts/ceilings.py replay`` replays it on recorded answers). Not registered: it needs the
 answer before the generation."""
 
 from __future__ import annotations

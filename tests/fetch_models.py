@@ -9,7 +9,7 @@ tokenizers read, the conversions) in the environment once it is installed. So th
 every model in `~/.cache/specdec`. Each model is fetched at most once: a second run finds them there
 and returns in seconds.
 
-    python scripts/fetch_models.py [--download]
+    python tests/fetch_models.py [--download]
 """
 
 from __future__ import annotations

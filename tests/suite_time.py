@@ -4,9 +4,9 @@ Every pytest run writes its timing log (``tests/conftest.py``: each test's setup
 seconds, the session's wall time, the pytest-xdist workers that shared the tests, and under ``make
 test`` when make started, so setup counts too) to ``.build/test-times.json``. This script reads it:
 
-    python scripts/suite_time.py report                 # setup, collection, the slowest files, tests and fixtures
-    python scripts/suite_time.py check --budget 900     # exit 1 when a full `make test` took longer (make test runs this)
-    python scripts/suite_time.py record bench-results/make-test   # keep a fresh clone's run as a results file
+    python tests/suite_time.py report                 # setup, collection, the slowest files, tests and fixtures
+    python tests/suite_time.py check --budget 900     # exit 1 when a full `make test` took longer (make test runs this)
+    python tests/suite_time.py record bench-results/make-test   # keep a fresh clone's run as a results file
 
 ``check`` judges only a full run (the whole suite, nothing deselected) started by `make test`; a
 partial run's log is reported, not judged.
