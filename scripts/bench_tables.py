@@ -171,7 +171,7 @@ KERNEL_SETTINGS = {
     "capped": "exact capped at 3 rows a micro-batch (`SPECDEC_MULTIROW=0`)",
     "stock": "exact on a stock build without llamafile (capped)",
     "stock-fast": "the llama.cpp users get (`make llama-peers`: llamafile on), its own kernels",
-    "previous": "exact, the earlier build of `--previous-lib` (the command above)",
+    "previous": "exact, the build given as `--previous-lib` (the command above)",
 }
 
 
