@@ -231,7 +231,6 @@ NOT_MEASURED: set[tuple[str, str, str]] = {
     ("cli.md", "10 s and 1 GiB limits", "1 GiB"),
     ("benchmark.md", "the spread includes 1.00x", "1.00x"),
     ("benchmark.md", "within 3% of it", "3%"),
-    ("exactness.md", "(1536 x 8960)", "1536 x"),  # a matrix's shape
     ("quickstart.md", "over 15 minutes, setup included", "15 minutes"),  # make test's budget
     ("exactness.md", "(at most 1 GiB of them)", "1 GiB"),  # the prompt cache's bound
 }

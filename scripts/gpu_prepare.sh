@@ -2,7 +2,7 @@
 # What the GPU machine needs beside the working tree, in .gpu/ (ignored by git): SmolLM2-135M's GGUF
 # in two parts (98 MB, and at most 64 MiB of files go over in one call), the gguf wheel (the
 # conversion to safetensors reads it; that machine has no network) and the server's packages
-# (FastAPI, uvicorn, pydantic). docs/gpu.md: the two calls.
+# (FastAPI, uvicorn, pydantic). DEVELOPERS.md (the GPU check): the two calls.
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

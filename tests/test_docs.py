@@ -148,9 +148,10 @@ def test_the_defaults_the_pages_state_are_the_codes():
     assert checked >= 4  # --policy, --verify, --slots, --head-rows at least
 
 
-def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
-    """bench-results/README.md is written by scripts/results_index.py from one line per folder: a run
-    added without its line, or a line left after its run went, fails here."""
+def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path, monkeypatch):
+    """bench-results/README.md is written by scripts/results_index.py from one line per folder and the
+    pages that cite each: a run added without its line, a line left after its run went, and a run
+    that no page cites and no test reads fail here; bench-results/ keeps at most 20 runs."""
     import shutil
     import sys
 
@@ -159,15 +160,33 @@ def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
 
     results = ROOT / "bench-results"
     assert (results / "README.md").read_text(encoding="utf-8") == results_index.index(results)
+    assert len([p for p in results.iterdir() if p.is_dir()]) <= 20
     copy = tmp_path / "bench-results"
     shutil.copytree(results, copy)
     (copy / "an-unindexed-run").mkdir()
     with pytest.raises(ValueError, match="without a line in scripts/results_index.py: an-unindexed-run"):
         results_index.index(copy)
-    shutil.rmtree(copy / "an-unindexed-run")
-    shutil.rmtree(copy / "qwen-humaneval")
-    with pytest.raises(ValueError, match="names folders that are gone: qwen-humaneval"):
+    monkeypatch.setitem(results_index.FOLDERS, "an-unindexed-run", "a run nothing cites")
+    with pytest.raises(ValueError, match="no page cites and no test reads: an-unindexed-run"):
         results_index.index(copy)
+    shutil.rmtree(copy / "an-unindexed-run")
+    monkeypatch.delitem(results_index.FOLDERS, "an-unindexed-run")
+    shutil.rmtree(copy / "tick-costs")
+    with pytest.raises(ValueError, match="names folders that are gone: tick-costs"):
+        results_index.index(copy)
+
+
+def test_the_results_index_says_where_each_run_is_cited():
+    """The *cited in* column is computed from the pages: the cost model's page cites the load test it
+    binds values to, and a test that reads a folder is named beside it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results_index
+
+    cited = results_index.citations()
+    assert any("cost-model.md" in where for where in cited["loadtest-qwen-heldout"])
+    assert "`tests/test_suite_time.py`" in cited["make-test"]
 
 
 # How a page narrates the work instead of documenting the software: who ran what and when, what was
