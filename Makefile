@@ -140,8 +140,12 @@ test-peers: setup llama-peers arctic-suffix
 results: setup $(if $(SPECDEC_LLAMA_CPP_BIN),,llama-peers)
 	$(PY) scripts/readme_results.py
 
-# The documentation site into site/ (MkDocs; mkdocs.yml): strict, so a broken link or reference fails.
+# The generated sections of docs/ (option tables, registries, metrics, the API reference, results tables)
+# and their bound values rewritten from their sources, then the site into site/ (MkDocs; mkdocs.yml):
+# strict, so a broken link or reference fails.
 docs: setup
+	$(PY) scripts/docs_hooks.py --write
+	$(PY) scripts/doc_values.py --write
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The servers users run instead, for the load test (not needed by the tests): llama-cpp-python's own

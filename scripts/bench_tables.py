@@ -3,9 +3,9 @@
 The documentation's benchmark tables are generated from the committed results by this script (the
 docs build calls :func:`table`), never copied by hand:
 
-    python scripts/bench_tables.py bench-results/qwen-editing            # one run's table
-    python scripts/bench_tables.py bench-results/qwen-spec-bench --categories
-    python scripts/bench_tables.py bench-results/loadtest/results.jsonl --loadtest
+    python scripts/bench_tables.py bench-results/readme-editing          # one run's table
+    python scripts/bench_tables.py bench-results/readme-spec-bench --categories
+    python scripts/bench_tables.py bench-results/loadtest-qwen/results.jsonl --loadtest
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ KERNEL_SETTINGS = {
     "capped": "exact capped at 3 rows a micro-batch (`SPECDEC_MULTIROW=0`)",
     "stock": "exact on a stock build without llamafile (capped)",
     "stock-fast": "the llama.cpp users get (`make llama-peers`: llamafile on), its own kernels",
-    "previous": "exact, the earlier build of `--previous-lib` (the command above)",
+    "previous": "exact, the build given as `--previous-lib` (the command above)",
 }
 
 

@@ -64,7 +64,7 @@ from specdec.policies.fixed import FixedK  # noqa: E402
 ARCH_NAMES = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-7b")
 TARGET, DRAFT = "qwen2.5-coder-7b", "qwen2.5-coder-0.5b"
 # Per-token acceptance of the 0.5B drafting for the 1.5B: their greedy agreement on HumanEval,
-# measured on the CPU with llama.cpp (../shared/MODELS.md; bench-results/qwen-humaneval).
+# measured on the CPU with llama.cpp (../shared/MODELS.md; CHANGELOG.md: the 0.5B drafting the 1.5B on HumanEval).
 PAIR_ACCEPTANCE = 0.979
 PAIR_KS = (4, 8, 12, 15)  # draft lengths timed for the pair (15 + 1 rows: one 16-row verification)
 CURVE_SIZES = (1, 2, 4, 8, 15, 16, 17, 32, 64)

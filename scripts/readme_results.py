@@ -75,17 +75,14 @@ class Workload:
 # Sized so that the five runs take under an hour on a 2-core machine, peers included.
 WORKLOADS = (
     Workload("editing", "functions to return with one change", "bench-results/readme-editing",
-             f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400, earlier="bench-results/qwen-heldout-edit-dip"),
+             f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400),
     Workload("agent repair loop", "problems to solve, tests between turns", "bench-results/readme-repair",
-             f"humaneval-repair:{HELDOUT}humaneval-p8-15.jsonl", 8, 256,
-             earlier="bench-results/qwen-heldout-repair-dip-rerun"),
+             f"humaneval-repair:{HELDOUT}humaneval-p8-15.jsonl", 8, 256),
     Workload("two-turn chats", "conversations", "bench-results/readme-2turn",
-             f"spec-bench-2turn:{HELDOUT}spec-bench-2turn-q3q4.jsonl", 1, 256,
-             earlier="bench-results/qwen-heldout-2turn-peers-dip"),
+             f"spec-bench-2turn:{HELDOUT}spec-bench-2turn-q3q4.jsonl", 1, 256),
     Workload("Spec-Bench", "questions, 2 of each of 13 categories", "bench-results/readme-spec-bench",
-             "spec-bench", 2, 256, earlier="bench-results/qwen-spec-bench-dip"),
-    Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256,
-             earlier="bench-results/qwen-humaneval"),
+             "spec-bench", 2, 256),
+    Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256),
 )
 
 

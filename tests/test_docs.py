@@ -33,13 +33,16 @@ def test_every_link_of_the_readme_reaches_a_file():
 
 @pytest.mark.parametrize("topic, page, words", [
     ("install", "docs/quickstart.md", ["pip install", "make setup"]),
-    ("generate", "docs/cli.md", ["specdec generate"]),
-    ("the Python API", "docs/python.md", ["specdec.load", "::: specdec.api"]),
-    ("serve", "docs/serving.md", ["specdec serve"]),
-    ("Ray", "docs/ray.md", ["Ray"]),
-    ("every drafter", "docs/drafters.md", ["<!-- registry: drafters -->"]),
-    ("exact vs fast", "docs/exactness.md", ["--no-exact"]),
-    ("the benchmark results", "docs/benchmarks.md", ["<!-- bench:"]),
+    ("generate", "docs/how-to/generate.md", ["specdec generate"]),
+    ("every option", "docs/reference/cli.md", ["<!-- cli: generate -->"]),
+    ("the Python API", "docs/reference/python.md", ["specdec.load", "<!-- api: specdec.api.Model"]),
+    ("serve", "docs/how-to/serve.md", ["specdec serve"]),
+    ("Ray", "docs/how-to/ray.md", ["Ray"]),
+    ("every drafter", "docs/reference/drafters.md", ["<!-- registry: drafters -->"]),
+    ("exact vs fast", "docs/explanation/exactness.md", ["--no-exact"]),
+    ("when it pays", "docs/explanation/cost-model.md", ["When does it pay?"]),
+    ("the benchmark results", "docs/reference/results.md", ["<!-- bench:"]),
+    ("troubleshooting", "docs/how-to/troubleshooting.md", ["llamafile"]),
 ])
 def test_each_topic_is_one_link_from_the_readme(topic, page, words):
     assert page in readme_links().values(), f"the README does not link {page} ({topic})"
@@ -55,8 +58,7 @@ def test_the_documentation_builds_strictly(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "site" / "cli" / "index.html").exists()
-    cli = (tmp_path / "site" / "cli" / "index.html").read_text(encoding="utf-8")
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "--max-new-tokens" in cli and "--drafter" in cli  # the generated reference
 
 
@@ -80,7 +82,7 @@ def test_the_gpu_results_readme_is_what_its_reports_give(tmp_path):
     (copy / "smollm2.json").write_text(json.dumps(report))
     assert gpu_tables.readme(copy) != written
     for name in gpu_tables.TABLES:
-        assert f"<!-- gpu: {name} -->" in (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+        assert f"<!-- gpu: {name} -->" in (ROOT / "docs" / "reference" / "results.md").read_text(encoding="utf-8")
 
 
 def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(tmp_path):
@@ -108,8 +110,8 @@ def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(
     assert readme_results.table(copy) != readme_results.written(readme)
 
 
-# Pages whose defaults are checked against the code (benchmarks.md and gpu.md report measurements).
-DOC_PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in ("benchmarks.md", "gpu.md"))
+# Pages whose defaults are checked against the code (results.md reports measurements).
+DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "results.md")
 
 
 def test_the_overview_gives_the_default_sampling_mode():
@@ -146,9 +148,10 @@ def test_the_defaults_the_pages_state_are_the_codes():
     assert checked >= 4  # --policy, --verify, --slots, --head-rows at least
 
 
-def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
-    """bench-results/README.md is written by scripts/results_index.py from one line per folder: a run
-    added without its line, or a line left after its run went, fails here."""
+def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path, monkeypatch):
+    """bench-results/README.md is written by scripts/results_index.py from one line per folder and the
+    pages that cite each: a run added without its line, a line left after its run went, and a run
+    that no page cites and no test reads fail here; bench-results/ keeps at most 20 runs."""
     import shutil
     import sys
 
@@ -157,15 +160,33 @@ def test_the_results_index_names_every_folder_kept_and_is_generated(tmp_path):
 
     results = ROOT / "bench-results"
     assert (results / "README.md").read_text(encoding="utf-8") == results_index.index(results)
+    assert len([p for p in results.iterdir() if p.is_dir()]) <= 20
     copy = tmp_path / "bench-results"
     shutil.copytree(results, copy)
     (copy / "an-unindexed-run").mkdir()
     with pytest.raises(ValueError, match="without a line in scripts/results_index.py: an-unindexed-run"):
         results_index.index(copy)
-    shutil.rmtree(copy / "an-unindexed-run")
-    shutil.rmtree(copy / "qwen-humaneval")
-    with pytest.raises(ValueError, match="names folders that are gone: qwen-humaneval"):
+    monkeypatch.setitem(results_index.FOLDERS, "an-unindexed-run", "a run nothing cites")
+    with pytest.raises(ValueError, match="no page cites and no test reads: an-unindexed-run"):
         results_index.index(copy)
+    shutil.rmtree(copy / "an-unindexed-run")
+    monkeypatch.delitem(results_index.FOLDERS, "an-unindexed-run")
+    shutil.rmtree(copy / "tick-costs")
+    with pytest.raises(ValueError, match="names folders that are gone: tick-costs"):
+        results_index.index(copy)
+
+
+def test_the_results_index_says_where_each_run_is_cited():
+    """The *cited in* column is computed from the pages: the cost model's page cites the load test it
+    binds values to, and a test that reads a folder is named beside it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import results_index
+
+    cited = results_index.citations()
+    assert any("cost-model.md" in where for where in cited["loadtest-qwen-heldout"])
+    assert "`tests/test_suite_time.py`" in cited["make-test"]
 
 
 # How a page narrates the work instead of documenting the software: who ran what and when, what was
@@ -195,7 +216,7 @@ def narration(text: str) -> list[str]:
             for what, pattern in NARRATION.items() for m in re.finditer(pattern, flat, re.I)]
 
 
-@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: p.name)
 def test_no_page_narrates_the_work(page):
     """Each page documents the software as it is; the history of the work is in CHANGELOG.md."""
     found = narration(page.read_text(encoding="utf-8"))
@@ -213,15 +234,81 @@ def test_the_narration_check_finds_narration(sentence):
     assert narration(f"Some text.\n\n{sentence}\n")
 
 
-def test_every_page_opens_with_how_to_use_it():
-    """Each page of docs/ starts with what it is for and how to use it: within its first lines a
-    command, a code example or a table of where to go (the reference pages: their generated tables),
-    before any section of measurements."""
-    for page in sorted((ROOT / "docs").glob("*.md")):
+# Each page is one kind (Diataxis): the tutorial, how-to guides, reference and explanation.
+KINDS = {"quickstart.md": "tutorial", "index.md": "home"}
+
+
+def kind(page: Path) -> str:
+    return KINDS.get(page.name) or {"how-to": "how-to", "reference": "reference",
+                                    "explanation": "explanation"}.get(page.parent.name, "unsorted")
+
+
+def test_every_page_is_one_kind_and_listed_in_the_site():
+    """docs/ holds the tutorial, how-to guides, reference and explanation pages, each in its folder,
+    and the site's navigation lists every page under its kind."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        assert kind(page) != "unsorted", f"{page.relative_to(ROOT)} is in no kind's folder"
+        assert str(page.relative_to(ROOT / "docs")) in nav, f"{page.relative_to(ROOT)} is not in mkdocs.yml's nav"
+    assert {kind(p) for p in (ROOT / "docs").rglob("*.md")} == {"home", "tutorial", "how-to", "reference",
+                                                                  "explanation"}
+
+
+def test_every_page_opens_as_its_kind_does():
+    """How-to guides and the tutorial open with a command or code example within their first lines;
+    reference pages with a table, code or a generated section; explanation pages say what they
+    explain and hold no command to follow before it. No how-to or tutorial opens with measurements."""
+    for page in sorted((ROOT / "docs").rglob("*.md")):
         text = page.read_text(encoding="utf-8")
         head = "\n".join(text.splitlines()[:30])
-        assert re.search(r"```|<!-- (?:registry|cli):|\| you want to \|", head), \
-            f"{page.name} does not open with how to use it"
-        first_section = re.search(r"^## (.*)$", text, re.M)
-        assert first_section is None or not re.search(r"result|measured|benchmark", first_section.group(1), re.I) \
-            or page.name == "benchmarks.md", f"{page.name} opens with measurements, not usage"
+        if kind(page) in ("how-to", "tutorial", "home"):
+            assert "```" in head, f"{page.name} does not open with how to use it"
+            first_section = re.search(r"^## (.*)$", text, re.M)
+            assert first_section is None or not re.search(r"result|measured|benchmark", first_section.group(1),
+                                                          re.I), f"{page.name} opens with measurements"
+        elif kind(page) == "reference":
+            assert re.search(r"^\||```|<!-- (?:registry|cli|api|metrics|bench):", head, re.M), \
+                f"{page.name} does not open with its reference"
+        else:
+            assert re.search(r"^(?:Why|What|How)\b", "\n".join(text.splitlines()[2:6]), re.M), \
+                f"{page.name} does not say what it explains"
+
+
+def _hooks():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import docs_hooks
+
+    return docs_hooks
+
+
+def test_the_generated_sections_are_committed_as_their_sources_give_them():
+    """Option tables, registries, metrics, the API reference and the results tables are committed
+    Markdown, so the pages read whole on GitHub; one whose source changed and was not regenerated
+    (``make docs``, or ``python scripts/docs_hooks.py --write``) fails here."""
+    stale = _hooks().stale()
+    assert not stale, "stale generated sections (run python scripts/docs_hooks.py --write):\n" + "\n".join(stale)
+
+
+def test_no_generated_section_is_empty():
+    """Every generated section holds its content in the committed page: a table, code or a heading."""
+    hooks = _hooks()
+    kinds = set()
+    for page in hooks.PAGES:
+        for section in hooks.sections(page.read_text(encoding="utf-8")):
+            body = section.group("body").strip()
+            assert re.search(r"^\|.*\|$|^```|^###", body, re.M), \
+                f"{page.relative_to(ROOT)}: {section.group('begin')} is empty"
+            kinds.add(section.group("kind"))
+    assert {"cli", "registry", "metrics", "api", "bench", "loadtest", "gpu"} <= kinds, kinds
+
+
+def test_a_stale_or_emptied_section_is_found():
+    """Negative control: a section whose body was edited by hand, or left empty, is regenerated."""
+    hooks = _hooks()
+    page = ROOT / "docs" / "reference" / "cli.md"
+    text = page.read_text(encoding="utf-8")
+    assert hooks.regenerate(text, page) == text
+    section = hooks.sections(text)[0]
+    for body in ("\n\n| option | default | what it does |\n|---|---|---|\n\n", "\n"):
+        edited = text[:section.start("body")] + body + text[section.end("body"):]
+        assert hooks.regenerate(edited, page) == text

@@ -48,7 +48,7 @@ DIP = CostModel({1: 1.0, 2: 1.43, 3: 1.84, 4: 2.29, 5: 2.71, 6: 2.87, 7: 3.46, 8
 
 def test_a_sure_copy_is_verified_at_the_size_that_verifies_a_token_cheapest():
     """From its first draft, past the curve's dip at 6 rows: no window holds a copy short while it
-    earns its length (replays showed the window bought nothing; docs/drafters.md)."""
+    earns its length (replays showed the window bought nothing; CHANGELOG.md)."""
     policy = AdaptiveK(DIP, k=63)
     policy.begin(_Target())
     assert policy.max_k() == 63

@@ -124,8 +124,8 @@ def test_make_results_refuses_runs_that_recorded_another_commit(checkout, monkey
 
 
 def test_the_benchmarks_page_shows_the_commands_make_results_runs():
-    """docs/benchmarks.md lists make results' commands as they are (tests/test_readme_commands.py
+    """docs/how-to/benchmark.md lists make results' commands as they are (tests/test_readme_commands.py
     then runs each through the bench's checks)."""
-    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "how-to" / "benchmark.md").read_text(encoding="utf-8")
     for workload in readme_results.WORKLOADS:
         assert " ".join(workload.command()) in page, workload.name

@@ -1,7 +1,7 @@
 """The adaptive draft length: verify the draft prefix with the best expected tokens per second on
 the measured cost curve (dynamic speculation lookahead's myopic rule, Mamou et al. 2024; Sequoia's
 sizing for trees), a generation's :class:`Calibration` of its drafter's confidence, and a
-:class:`Plan` for drafters whose tokens cost forwards; what each buys: docs/drafters.md."""
+:class:`Plan` for drafters whose tokens cost forwards; what each buys: docs/explanation/speculation.md."""
 
 from __future__ import annotations
 

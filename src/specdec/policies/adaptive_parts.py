@@ -1,7 +1,7 @@
 """The adaptive policy's parts (:mod:`specdec.policies.adaptive`): its numbers (:class:`Tuning`), a
 generation's :class:`Calibration` of its drafter's confidence, and the :class:`Plan` of a drafter
 whose tokens cost forwards. Each kept because replays of recorded answers measured what it buys
-(docs/drafters.md)."""
+(docs/explanation/speculation.md)."""
 
 from __future__ import annotations
 
