@@ -280,7 +280,7 @@ def run_real(args, log, alias: str, chat: bool, per_category: int, temps, seeds,
         log(f"{alias}: skipped (time budget)")
         return None
     t0 = time.time()
-    m = specdec.load(alias)
+    m = specdec.load(alias, backend="transformers")  # bf16_copy copies the transformers weights
     d = bf16_copy(m, f"{alias}-bf16")
     prompts = first_turns(per_category)[:max_prompts]
     log(f"{alias}: loaded in {time.time() - t0:.0f}s, {len(prompts)} prompts")

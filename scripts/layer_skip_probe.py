@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    model = specdec.load(args.model)
+    model = specdec.load(args.model, backend="transformers")  # it edits the transformers model's layers
     hf = model.loaded.hf_model
     n = hf.config.num_hidden_layers
     path = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/questions.jsonl"
