@@ -65,6 +65,11 @@ def test_a_gpu_device_runs_the_static_cache_path_on_transformers(llamacpp_instal
     assert backend_for(QWEN, device="cpu") == "llamacpp"
 
 
+def test_a_dtype_llamacpp_does_not_offer_runs_on_transformers(llamacpp_installed):
+    assert backend_for(QWEN, dtype="bfloat16") == "transformers"
+    assert LoadOptions(dtype="bfloat16").for_model(QWEN).backend == "transformers"
+
+
 def test_without_llamacpp_a_gguf_runs_on_transformers(llamacpp_installed):
     llamacpp_installed(False)
     assert backend_for(QWEN) == "transformers"

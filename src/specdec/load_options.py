@@ -31,8 +31,8 @@ DEFAULT_BACKEND = AUTO
 # What AUTO picks: llama.cpp runs a GGUF itself (several times faster than fp32 PyTorch on a CPU,
 # with exact kernels); transformers runs a transformers folder, and every model on a GPU.
 GGUF_BACKEND, HF_BACKEND = "llamacpp", "transformers"
-AUTO_HELP = ("llama.cpp with exact kernels for a GGUF alias or file, transformers for a transformers folder or "
-             "a GPU --device; the choice is printed")
+AUTO_HELP = ("llama.cpp with exact kernels for a GGUF alias or file, transformers for a transformers folder, a "
+             "GPU --device or a --dtype llama.cpp does not offer; the choice is printed")
 
 
 def _backends() -> list[str]:
@@ -54,25 +54,26 @@ def is_transformers_folder(model: str) -> bool:
     return model not in ALIASES and Path(model).expanduser().is_dir()
 
 
-def backend_for(model: str, backend: str = AUTO, device: str = "cpu", spell: Spell = str) -> str:
+def backend_for(model: str, backend: str = AUTO, device: str = "cpu", dtype: str = "float32",
+                spell: Spell = str) -> str:
     """The backend that loads ``model`` (an alias, a ``.gguf`` path or a transformers folder) on
-    ``device``: ``backend`` itself when one is named (refused where it cannot run the model), and for
-    :data:`AUTO` the one that runs it exactly and fastest here: transformers on a GPU (its static KV
-    cache with CUDA graphs) and for a transformers folder; llama.cpp (exact kernels) for a GGUF
-    alias or file, or transformers where llama-cpp-python is not installed. ``device`` is checked
-    first (:meth:`LoadOptions.validate`)."""
+    ``device`` in ``dtype``: ``backend`` itself when one is named (refused where it cannot run the
+    model), and for :data:`AUTO` the one that runs it exactly and fastest here: transformers on a
+    GPU (its static KV cache with CUDA graphs), in a dtype llama.cpp does not offer, and for a
+    transformers folder; llama.cpp (exact kernels) for a GGUF alias or file, or transformers where
+    llama-cpp-python is not installed. ``device`` is checked first (:meth:`LoadOptions.validate`)."""
     from specdec import devices
     from specdec.registry import BACKENDS
 
     folder = is_transformers_folder(model)
     if backend != AUTO:
         if BACKENDS.get(backend).reads_gguf and folder:
-            raise OptionError(f"{spell('backend')} {backend} runs a GGUF file (an alias or a .gguf path), and {model} "
-                              f"is a transformers folder: use {spell('backend')} {HF_BACKEND}", "backend")
+            raise OptionError(f"{spell('backend')} {backend} runs a GGUF file (an alias or a .gguf path), and "
+                              f"{model} is a transformers folder: use {spell('backend')} {HF_BACKEND}", "backend")
         return backend
-    if folder or devices.kind(device) not in BACKENDS.get(GGUF_BACKEND).devices or not llamacpp_installed():
-        return HF_BACKEND
-    return GGUF_BACKEND
+    gguf = BACKENDS.get(GGUF_BACKEND)
+    runs_here = devices.kind(device) in gguf.devices and dtype in gguf.dtypes and llamacpp_installed()
+    return GGUF_BACKEND if runs_here and not folder else HF_BACKEND
 
 
 def _dtypes() -> list[str]:
@@ -144,7 +145,8 @@ class LoadOptions:
         """These options for loading ``model``, validated, with the backend chosen (:func:`backend_for`)
         where it is :data:`AUTO`; a named backend that cannot run ``model`` is refused."""
         self.validate(spell)
-        return replace(self, backend=backend_for(model, self.backend, self.device, spell)).validate(spell)
+        chosen = backend_for(model, self.backend, self.device, self.dtype, spell)
+        return replace(self, backend=chosen).validate(spell)
 
     def to_dict(self) -> dict[str, Any]:
         """The keywords of :func:`specdec.load`."""
