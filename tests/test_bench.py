@@ -89,7 +89,9 @@ def test_baseline_is_added_when_missing(capsys, tmp_path, tiny_model_dir, questi
     (["--methods", "model"], "write model:ALIAS"),
     (["--methods", "hf-lookup:k=0"], "k must be a whole number >= 1"),
     (["--methods", "llamacpp-plain"], "runs on --backend llamacpp"),
-    (["--methods", "hf-plain", "--backend", "llamacpp"], "runs on --backend transformers"),
+    # (the last --model wins: a GGUF alias llama.cpp can run, refused before anything is fetched)
+    (["--methods", "hf-plain", "--model", "smollm2-135m", "--backend", "llamacpp"], "runs on --backend transformers"),
+    (["--methods", "plain", "--backend", "llamacpp"], "--backend llamacpp runs a GGUF file"),
     (["--methods", "plain", "--categories", "nope"], "no questions in categories nope"),
     (["--methods", "plain", "--limit", "0"], "--limit"),
     (["--methods", "plain", "--min-seconds", "-1"], "--min-seconds must be >= 0, got -1.0"),

@@ -216,7 +216,8 @@ BAD_INPUTS = [
     ([], "required"),
     (["generate", "hi", "--model", "TINY", "--json-schema", "/no/such/schema.json"], "--json-schema: cannot read"),
     (["generate", "hi", "--model", "TINY", "--json-schema", "NOTGGUF"], "not valid JSON"),
-    (["generate", "hi", "--model", "TINY", "--regex", "[a"], "unclosed character class"),
+    # Refused once the tokenizer is loaded: the backend named, no line saying which was chosen comes first.
+    (["generate", "hi", "--model", "TINY", "--backend", "transformers", "--regex", "[a"], "unclosed character class"),
     (["generate", "hi", "--model", "TINY", "--regex", "a+", "--grammar", "NOTGGUF"], "not allowed with argument"),
 ]
 
@@ -383,7 +384,7 @@ def test_prompt_plus_max_new_tokens_beyond_the_context_is_one_error_line(capsys,
     # 500 new tokens alone fit the 512-token context, so only the engine, which knows the prompt's
     # length, can refuse this.
     code, out, err = run_cli(capsys, "generate", "the quick brown fox " * 150, "--model", str(tiny_model_dir),
-                             "--max-new-tokens", "500")
+                             "--backend", "transformers", "--max-new-tokens", "500")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "exceed the model's context of 512 tokens" in err, err
 

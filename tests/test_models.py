@@ -94,7 +94,7 @@ def test_the_api_loads_the_default_draft_model_once_with_the_same_settings(monke
     monkeypatch.setattr(loaded, "resolve", resolve)
     monkeypatch.setattr(loaded, "load_model", load_model)
     monkeypatch.setattr(api, "load_model", load_model)
-    model = api.load(QWEN, dtype="float32")
+    model = api.load(QWEN, backend="transformers", dtype="float32")  # the aliases are transformers folders here
     assert model.loaded.default_draft_name == QWEN_DRAFT
     draft = specdec.load(str(tiny_draft_dir))
     plain = model.generate("the quick brown fox", max_new_tokens=12, drafter="none")

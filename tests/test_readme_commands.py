@@ -17,6 +17,7 @@ from specdec import option_forms
 from specdec.bench.methods import check_specs
 from specdec.bench.questions import load_questions
 from specdec.cli import build_parser
+from specdec.commands.common import choose_backend
 from specdec.errors import SpecdecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,7 @@ def test_the_readme_shows_bench_commands():
 def test_a_readme_bench_command_runs_as_written(command):
     argv = shlex.split(command)[1:]
     args = build_parser().parse_args(argv)
+    choose_backend(args)  # as the command does: --backend auto becomes the model's
     assert args.questions and "../shared" not in args.questions and not Path(args.questions).is_absolute()
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
     # A how-to's own prompts file ("my-prompts.jsonl") is the reader's, not one that ships.

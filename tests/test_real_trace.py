@@ -28,7 +28,7 @@ def specdec(*argv: str) -> subprocess.CompletedProcess:
 def traced(tmp_path_factory):
     """A --live run saving its trace as JSON, and a plain run saving its page, as a user runs them."""
     folder = tmp_path_factory.mktemp("trace")
-    common = ["--chat", "--backend", "llamacpp", "--max-new-tokens", "48"]
+    common = ["--model", "smollm2-135m", "--chat", "--backend", "llamacpp", "--max-new-tokens", "48"]
     html, data = folder / "out.html", folder / "out.json"
     live = specdec("generate", PROMPT, *common, "--live", "--trace", str(data))
     plain = specdec("generate", PROMPT, *common, "--drafter", "none", "--trace", str(html))

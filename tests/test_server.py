@@ -328,7 +328,7 @@ def test_fuzzed_bodies_get_clean_4xx_and_the_server_stays_up(http, body, path):
     (["--slots", "0"], "--slots must be >= 1"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     (["--port", "70000"], "--port must be in 0..65535"),
-    (["--drafter", "model"], "needs --draft-model"),
+    (["--model", "smollm2-135m", "--drafter", "model"], "needs --draft-model"),  # an alias without a draft model
 ])
 def test_serve_refuses_bad_options_before_loading(capsys, no_loading, argv, message):
     from specdec.cli import main
@@ -348,7 +348,7 @@ def test_serve_refuses_a_taken_port_before_loading(capsys, no_loading):
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err and not no_loading
 
 
-def test_serve_freezes_what_it_loaded_before_serving(monkeypatch, tiny):
+def test_serve_freezes_what_it_loaded_before_serving(monkeypatch, tiny, tiny_model_dir):
     """What is loaded before the first request lives as long as the server: frozen, the collector's
     full collections no longer walk it in the middle of requests."""
     import gc
@@ -359,7 +359,7 @@ def test_serve_freezes_what_it_loaded_before_serving(monkeypatch, tiny):
     frozen = []
     monkeypatch.setattr("specdec.server.app.serve_forever", lambda *args: frozen.append(gc.get_freeze_count()))
     try:
-        assert main(["serve", "--port", "0", "--no-batch"]) == 0
+        assert main(["serve", "--model", str(tiny_model_dir), "--port", "0", "--no-batch"]) == 0
     finally:
         gc.unfreeze()
     assert frozen and frozen[0] > 1000

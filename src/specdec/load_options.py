@@ -8,27 +8,72 @@ earlier outputs) declares its option; :data:`LOAD` and :data:`SERVE` are the
 (:mod:`specdec.option_forms`), the server's settings and a Ray Serve config file's ``args``
 (:mod:`specdec.server.settings`) all read them from here, so a default or a check is written once
 and a mistake reads the same everywhere. Which backends offer which dtypes and devices is the
-backends' own declaration (:class:`specdec.registry.BackendEntry`). :func:`draft_model_for` is the
-one place that decides whether a drafter needs a draft model and which one it gets.
+backends' own declaration (:class:`specdec.registry.BackendEntry`). :func:`backend_for` is the one
+place that decides which backend runs a model when none is named (:data:`AUTO`), and
+:func:`draft_model_for` the one that decides whether a drafter needs a draft model and which one it
+gets.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from specdec.errors import OptionError, SpecdecError
 from specdec.options import Option, Spell, at_least, check_fields, core, declare, options_of
 
-DEFAULT_BACKEND = "transformers"
+AUTO = "auto"  # the backend that runs the model exactly and fastest here (backend_for)
+DEFAULT_BACKEND = AUTO
+# What AUTO picks: llama.cpp runs a GGUF itself (several times faster than fp32 PyTorch on a CPU,
+# with exact kernels); transformers runs a transformers folder, and every model on a GPU.
+GGUF_BACKEND, HF_BACKEND = "llamacpp", "transformers"
+AUTO_HELP = ("llama.cpp with exact kernels for a GGUF alias or file, transformers for a transformers folder, a "
+             "GPU --device or a --dtype llama.cpp does not offer; the choice is printed")
 
 
 def _backends() -> list[str]:
     from specdec.registry import BACKENDS
 
-    return BACKENDS.names()
+    return [AUTO, *BACKENDS.names()]
+
+
+def llamacpp_installed() -> bool:
+    """Whether llama-cpp-python (the optional ``specdec[llamacpp]`` extra) can be imported; it is not
+    imported here (that takes a second and initialises the library)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def is_transformers_folder(model: str) -> bool:
+    """Whether ``model`` names a folder (a transformers model) rather than an alias or a ``.gguf`` file."""
+    from specdec.models import ALIASES
+
+    return model not in ALIASES and Path(model).expanduser().is_dir()
+
+
+def backend_for(model: str, backend: str = AUTO, device: str = "cpu", dtype: str = "float32",
+                spell: Spell = str) -> str:
+    """The backend that loads ``model`` (an alias, a ``.gguf`` path or a transformers folder) on
+    ``device`` in ``dtype``: ``backend`` itself when one is named (refused where it cannot run the
+    model), and for :data:`AUTO` the one that runs it exactly and fastest here: transformers on a
+    GPU (its static KV cache with CUDA graphs), in a dtype llama.cpp does not offer, and for a
+    transformers folder; llama.cpp (exact kernels) for a GGUF alias or file, or transformers where
+    llama-cpp-python is not installed. ``device`` is checked first (:meth:`LoadOptions.validate`)."""
+    from specdec import devices
+    from specdec.registry import BACKENDS
+
+    folder = is_transformers_folder(model)
+    if backend != AUTO:
+        if BACKENDS.get(backend).reads_gguf and folder:
+            raise OptionError(f"{spell('backend')} {backend} runs a GGUF file (an alias or a .gguf path), and "
+                              f"{model} is a transformers folder: use {spell('backend')} {HF_BACKEND}", "backend")
+        return backend
+    gguf = BACKENDS.get(GGUF_BACKEND)
+    runs_here = devices.kind(device) in gguf.devices and dtype in gguf.dtypes and llamacpp_installed()
+    return GGUF_BACKEND if runs_here and not folder else HF_BACKEND
 
 
 def _dtypes() -> list[str]:
@@ -49,7 +94,7 @@ class LoadOptions:
 
     SCOPE: ClassVar[str] = "load"
 
-    backend: str = declare(DEFAULT_BACKEND, "what runs the model", choices=_backends)
+    backend: str = declare(DEFAULT_BACKEND, f"what runs the model ({AUTO}: {AUTO_HELP})", choices=_backends)
     dtype: str = declare("float32", "the weights' dtype (on the backends that offer several)", choices=_dtypes)
     exact: bool | None = declare(None, "batch-invariant kernels, so speculative output equals plain decoding's token "
                                        "for token even at near-ties (llama.cpp: on by default where its build allows "
@@ -75,23 +120,33 @@ class LoadOptions:
         return cls(**values)
 
     def validate(self, spell: Spell = str) -> LoadOptions:
-        """Each value against its option, then what the chosen backend offers; ``self`` when all is fine."""
+        """Each value against its option, then what the chosen backend offers (once it is chosen:
+        :meth:`for_model`); ``self`` when all is fine."""
         from specdec import devices
         from specdec.registry import BACKENDS
 
         check_fields(self, spell)
-        entry = BACKENDS.get(self.backend)
-        if self.dtype not in entry.dtypes:
-            raise OptionError(f"{spell('dtype')} {self.dtype} is not available on the {self.backend} backend: use "
-                              f"{', '.join(entry.dtypes)}", "dtype")
         try:
             kind = devices.kind(self.device)  # a GPU that is not there is refused here
         except SpecdecError as exc:
             raise OptionError(str(exc).replace("device", spell("device"), 1), "device") from None
+        if self.backend == AUTO:
+            return self
+        entry = BACKENDS.get(self.backend)
+        if self.dtype not in entry.dtypes:
+            raise OptionError(f"{spell('dtype')} {self.dtype} is not available on the {self.backend} backend: use "
+                              f"{', '.join(entry.dtypes)}", "dtype")
         if kind not in entry.devices:
             raise OptionError(f"{spell('device')} {self.device} is not available on the {self.backend} backend: it "
                               f"runs on {', '.join(entry.devices)}", "device")
         return self
+
+    def for_model(self, model: str, spell: Spell = str) -> LoadOptions:
+        """These options for loading ``model``, validated, with the backend chosen (:func:`backend_for`)
+        where it is :data:`AUTO`; a named backend that cannot run ``model`` is refused."""
+        self.validate(spell)
+        chosen = backend_for(model, self.backend, self.device, self.dtype, spell)
+        return replace(self, backend=chosen).validate(spell)
 
     def to_dict(self) -> dict[str, Any]:
         """The keywords of :func:`specdec.load`."""

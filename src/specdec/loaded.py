@@ -3,7 +3,8 @@ with use (:class:`LoadedModel`), the side of a model that :class:`specdec.api.Mo
 generation front, runs on.
 
 :func:`load_model` resolves an alias, ``.gguf`` file or transformers folder, reads its tokenizer
-and end-of-sequence ids, asks the chosen backend's registry entry to load the weights
+and end-of-sequence ids, asks the chosen backend's registry entry (chosen for the model when the
+options leave it ``auto``, saying so in one line) to load the weights
 (:class:`specdec.registry.BackendEntry`: what it can do is declared there) and wraps what it
 returned. The server, the bench and the commands that need more than ``generate`` (batching, the
 memory, learned state, a sequence's backend) use the loaded model directly.
@@ -25,8 +26,8 @@ from specdec.costs import CostModel, calibrated
 from specdec.devices import device_tag
 from specdec.drafting.suffix_index import DEFAULT_CAPACITY, NgramMemory
 from specdec.errors import SpecdecError
-from specdec.load_options import LoadOptions
-from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve
+from specdec.load_options import AUTO, HF_BACKEND, LoadOptions, llamacpp_installed
+from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve, stderr_reporter
 from specdec.policies.goodput import DelayBudget
 from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, BackendEntry, LoadRequest
@@ -42,16 +43,25 @@ CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. Speculative de
 def load_model(name: str, options: LoadOptions | Mapping[str, Any] | None = None,
                report: Reporter | None = None) -> LoadedModel:
     """Load ``name`` (alias, ``.gguf`` path or transformers folder) with ``options``
-    (:class:`~specdec.load_options.LoadOptions` or its fields by name; validated here)."""
+    (:class:`~specdec.load_options.LoadOptions` or its fields by name; validated here). Where they
+    leave the backend ``auto``, it is chosen for the model (:func:`specdec.load_options.backend_for`)
+    and ``report`` gets one line naming it and its kernels (:attr:`LoadedModel.choice`)."""
     chosen = options if isinstance(options, LoadOptions) else LoadOptions.of(options)
-    chosen = chosen.validate()
+    automatic = chosen.backend == AUTO
+    chosen = chosen.for_model(name)
     entry = BACKENDS.get(chosen.backend)
     resolved = resolve(name, report, need_hf=needs_weights_folder(chosen.backend))
     tokenizer, eos = _load_tokenizer(resolved)
     weights = entry.load(LoadRequest(resolved, chosen, report, tune_kernels=True))
     loaded = LoadedModel(resolved.name, tokenizer, weights.make_backend, eos=eos, entry=entry, options=chosen,
                          cost_key=weights.cost_key, hf_model=weights.hf_model, exact=weights.exact,
-                         batched=weights.batched, forget_prompts=weights.forget_prompts, device=weights.device)
+                         batched=weights.batched, forget_prompts=weights.forget_prompts, device=weights.device,
+                         kernels=weights.kernels)
+    if automatic:
+        line = loaded.choice
+        if chosen.backend == HF_BACKEND and resolved.gguf is not None and not llamacpp_installed():
+            line += "; pip install 'specdec[llamacpp]' runs this GGUF on llama.cpp, several times faster"
+        (report or stderr_reporter)(line)
     if resolved.draft is not None:
         loaded.set_default_draft_model(resolved.draft, chosen, report)
     return loaded
@@ -107,12 +117,14 @@ class LoadedModel:
                  eos: frozenset[int] = frozenset(), entry: BackendEntry | None = None,
                  options: LoadOptions | None = None, cost_key: str = "", hf_model=None, exact: bool = False,
                  batched: Callable[[int], BatchedSequences] | None = None,
-                 forget_prompts: Callable[[], None] | None = None, device: str = "cpu") -> None:
+                 forget_prompts: Callable[[], None] | None = None, device: str = "cpu", kernels: str = "") -> None:
         self.name = name
         self.device = device  # where the weights are (cpu, cuda:0): the cost curve is measured there
-        self.options = options or LoadOptions()
+        # Without options (a model made outside load_model): its backend's, or transformers'.
+        self.options = options or LoadOptions(backend=entry.name if entry is not None else HF_BACKEND)
         self.entry = entry  # what the backend can do (None: a backend made outside the registry)
         self.exact = exact  # batch-invariant kernels: speculation cannot part from plain decoding
+        self.kernels = kernels  # what computes the logits, in words (LoadedWeights.kernels)
         self.codec = TextCodec(tokenizer, name)
         self.pool = BackendPool(make_backend)
         self.eos_token_ids = eos
@@ -146,6 +158,13 @@ class LoadedModel:
     @property
     def backend_name(self) -> str:
         return self.options.backend
+
+    @property
+    def choice(self) -> str:
+        """The model, its backend and its kernels in one line: "qwen2.5-coder-1.5b on llama.cpp (exact,
+        patched multi-row kernels)"."""
+        shown = self.entry.shown if self.entry is not None else self.backend_name
+        return f"{self.name} on {shown}" + (f" ({self.kernels})" if self.kernels else "")
 
     @property
     def tokenizer(self):

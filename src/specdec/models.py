@@ -31,7 +31,9 @@ from specdec.cache import cache_root, writable_dir
 from specdec.errors import SpecdecError
 from specdec.files import atomic_open
 
-DEFAULT_MODEL = "smollm2-135m"
+# What the commands, the server and specdec.load() run when no model is named: the model every
+# number of the README is measured on (the small ones stay a name away).
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def resolve(name: str, report: Reporter | None = None, need_hf: bool = True) -> 
     conversion: the tokenizer, chat template, EOS ids and context length are read from the GGUF
     into ``tokenizer_dir`` once (seconds), and read from there afterwards.
     """
-    report = report or _stderr_reporter
+    report = report or stderr_reporter
     if name in ALIASES:
         src = ALIASES[name]
         home = _alias_home(name)
@@ -183,7 +185,7 @@ def download(alias: str, report: Reporter | None = None) -> Path:
     the standard library and pip (no PyTorch: `make setup` runs it with the system's Python)."""
     gguf = _alias_home(alias) / "model.gguf"
     if not gguf.exists():
-        fetch_gguf(ALIASES[alias], gguf, report or _stderr_reporter)
+        fetch_gguf(ALIASES[alias], gguf, report or stderr_reporter)
     return gguf
 
 
@@ -475,5 +477,6 @@ def no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _stderr_reporter(message: str) -> None:
+def stderr_reporter(message: str) -> None:
+    """Where progress and choices go when no reporter is given: one ``specdec:`` line on stderr."""
     print(f"specdec: {message}", file=sys.stderr, flush=True)

@@ -67,10 +67,13 @@ def _arg_type(opt: Option):
 def _choice_help(opt: Option) -> str | None:
     from specdec.registry import BACKENDS, DRAFTERS, POLICIES
 
+    from specdec.load_options import AUTO, AUTO_HELP
+
     registry = {"drafter": DRAFTERS, "policy": POLICIES, "backend": BACKENDS}.get(opt.name)
     if registry is None:
         return None
-    return "; ".join(f"{e.name}: {e.help}" for e in registry)
+    chosen = [f"{AUTO}: {AUTO_HELP}"] if opt.name == "backend" else []  # not an entry: it picks one
+    return "; ".join(chosen + [f"{e.name}: {e.help}" for e in registry])
 
 
 def from_args(args, base: GenerationOptions | None = None) -> GenerationOptions:

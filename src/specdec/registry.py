@@ -220,6 +220,9 @@ class LoadedWeights:
     # Forget the caches of earlier prompts the weights keep for reuse (a benchmark's cold start).
     forget_prompts: Callable[[], None] | None = None
     device: str = "cpu"  # where the weights are (a full name: cpu, cuda:0): the cost curve is keyed by it
+    # What computes the logits, in words, for the line a load prints when it chose the backend itself
+    # ("exact, patched multi-row kernels").
+    kernels: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,16 +241,23 @@ class BackendEntry:
     batched: bool = False
     layer_access: bool = False
     order: int = 50
+    title: str = ""  # its name in prose ("llama.cpp"); "": ``name``
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name
 
 
 BACKENDS: Registry[BackendEntry] = Registry("backend", "specdec.backends")
 
 
 def backend(name: str, help: str, *, dtypes: tuple[str, ...] = ("float32",), devices: tuple[str, ...] = ("cpu",),
-            reads_gguf: bool = False, batched: bool = False, layer_access: bool = False, order: int = 50):
+            reads_gguf: bool = False, batched: bool = False, layer_access: bool = False, order: int = 50,
+            title: str = ""):
     """Register the decorated ``load(request) -> LoadedWeights`` function under ``name``, with what
-    the backend can do (:class:`BackendEntry`)."""
+    the backend can do (:class:`BackendEntry`); ``title``: its name in prose."""
     def register(load: Callable[[LoadRequest], LoadedWeights]):
-        BACKENDS.add(name, BackendEntry(name, help, load, dtypes, devices, reads_gguf, batched, layer_access, order))
+        BACKENDS.add(name, BackendEntry(name, help, load, dtypes, devices, reads_gguf, batched, layer_access, order,
+                                        title))
         return load
     return register

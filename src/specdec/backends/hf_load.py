@@ -77,8 +77,12 @@ def prepared(model, name: str, tune_kernels: bool, pad: int = 0, graphs: bool = 
     # Exact only where every forward is padded: the growing cache runs models with sliding layers
     # unpadded (HFBackend), the static cache pads them too.
     exact = bool(pad) and (graphs or not _sliding(model.config))
+    words = [str(model.dtype).removeprefix("torch."), "this CPU's tuned matmul kernels" if tune else
+             f"every forward padded to {pad} rows" if pad else "stock kernels"]
+    if graphs:
+        words.append("static KV cache" + (" with CUDA graphs" if model.device.type == "cuda" else ""))
     weights = LoadedWeights(make, f"{model.dtype}-{kernels_name}", model, exact=exact, device=str(model.device),
-                            batched=batched)
+                            batched=batched, kernels=", ".join((["exact"] if exact else []) + words))
     return weights, installed
 
 

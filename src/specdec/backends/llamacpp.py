@@ -26,7 +26,7 @@ __all__ = ["EXACT", "FAST", "Kernels", "LlamaCppBackend", "LlamaCppWeights", "Sh
 
 
 @backend("llamacpp", "llama.cpp on the GGUF itself (needs specdec[llamacpp]; several times faster than "
-                     "fp32 PyTorch here)", reads_gguf=True, batched=True, order=10)
+                     "fp32 PyTorch here)", reads_gguf=True, batched=True, order=10, title="llama.cpp")
 def _load(request: LoadRequest) -> LoadedWeights:
     gguf = request.resolved.gguf
     if gguf is None:
@@ -42,4 +42,16 @@ def _load(request: LoadRequest) -> LoadedWeights:
     capped = f"-ubatch{weights.n_ubatch}" if weights.n_ubatch < weights.n_batch else ""
     return LoadedWeights(lambda: LlamaCppBackend(weights), f"gguf-{weights.kernels.name}{rows}{capped}",
                          exact=weights.exact, batched=lambda slots: SharedSequences(weights, slots),
-                         forget_prompts=forget)
+                         forget_prompts=forget, kernels=kernels_in_words(weights, generation))
+
+
+def kernels_in_words(weights: LlamaCppWeights, generation: int) -> str:
+    """What computes ``weights``' logits, for the line a load prints: exact or fast kernels, specdec's
+    patched multi-row kernels (``generation`` > 0: :func:`kernel_generation`) or the stock
+    library's, and the rows a micro-batch may hold where the self-test or the library caps them."""
+    if not weights.exact:
+        return "fast kernels, not batch-invariant: speculation may part from plain decoding at a near-tie"
+    words = "exact, " + ("patched multi-row kernels" if generation else "stock llama.cpp kernels")
+    if weights.n_ubatch < weights.n_batch:
+        words += f", at most {weights.n_ubatch} row{'s' if weights.n_ubatch != 1 else ''} a micro-batch"
+    return words

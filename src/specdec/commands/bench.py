@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specdec import option_forms
-from specdec.commands.common import (add_model_options, add_options, add_sampling_options, check_context,
-                                     check_positive, load_options)
+from specdec.commands.common import (add_model_options, add_options, add_sampling_options, announce, check_context,
+                                     check_positive, choose_backend, load_options)
 from specdec.errors import SpecdecError
 from specdec.files import atomic_open, write_atomic
 
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--min-seconds must be >= 0, got {args.min_seconds}")
     # The length and sampling every method shares (checked here); a method adds its own options.
     base = option_forms.from_args(args)
+    choose_backend(args)  # the methods are checked against the backend that will run them
     specs = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
     if not specs and not args.cost_curve:
         raise SpecdecError("give --methods (e.g. plain,ngram,hf-plain,hf-lookup) and/or --cost-curve")
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     check_context(resolve_model(args.model, args.backend), args.max_new_tokens)  # after the cheap checks: it may download
     quiet_libraries()
     model = load(args.model, **load_options(args))
+    announce(args, model)
     factory = MethodFactory(model, args.model, args.backend, args.dtype, base)
     methods = [factory.build(s) for s in specs]
     # Every speed-up needs its family's plain method in the same run.

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
+    from specdec.api import Model
     from specdec.models import ResolvedModel
 
 
@@ -37,7 +39,7 @@ def add_model_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (
 
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"alias ({', '.join(ALIASES)}), a .gguf file or a transformers folder "
-                             f"(default: {DEFAULT_MODEL})")
+                             f"(default: {DEFAULT_MODEL}, on llama.cpp with exact kernels)")
     option_forms.add_spec_arguments(parser, LOAD, skip)
 
 
@@ -51,12 +53,32 @@ def resolve_model(name: str, backend: str) -> ResolvedModel:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of :func:`specdec.load` that the load options chose (checked: one
-    ``error:`` line for the first mistake, spelled as the flag)."""
+    ``error:`` line for the first mistake, spelled as the flag), the backend chosen for
+    ``--model`` where ``--backend`` is ``auto`` (:func:`choose_backend`)."""
     from specdec import option_forms
     from specdec.load_options import LOAD, LoadOptions
 
     chosen = LoadOptions.of(option_forms.spec_values(args, LOAD), spell=option_forms.flag)
-    return chosen.validate(spell=option_forms.flag).to_dict()
+    return chosen.for_model(args.model, spell=option_forms.flag).to_dict()
+
+
+def choose_backend(args: argparse.Namespace) -> None:
+    """Check the load options and, where ``--backend`` is ``auto`` (the default), choose the backend
+    for ``--model`` and ``--device`` (:func:`specdec.load_options.backend_for`): from here on
+    ``args.backend`` is what runs the model, for the checks, the loads (the draft model's too) and
+    the results, and :func:`announce` says which it is once the model is loaded."""
+    from specdec.load_options import AUTO
+
+    automatic = args.backend == AUTO
+    args.backend = load_options(args)["backend"]
+    args.chose_backend = automatic or getattr(args, "chose_backend", False)
+
+
+def announce(args: argparse.Namespace, model: Model) -> None:
+    """One line on stderr naming the backend and kernels the command chose for the model it loaded
+    (nothing where ``--backend`` named one)."""
+    if getattr(args, "chose_backend", False):
+        print(f"specdec: {model.loaded.choice}", file=sys.stderr, flush=True)
 
 
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
@@ -102,7 +124,7 @@ def generation_options(args: argparse.Namespace):
     # load and name it as if it had been given.
     args.draft_model = draft_model_for(chosen.drafter, getattr(args, "draft_model", None),
                                        getattr(args, "model", None), spell=option_forms.flag)
-    load_options(args)
+    choose_backend(args)
     return chosen
 
 

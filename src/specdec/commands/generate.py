@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec.commands.common import (add_generation_options, add_model_options, check_context, check_positive,
-                                     generation_options, load_options, quiet_libraries)
+from specdec.commands.common import (add_generation_options, add_model_options, announce, check_context,
+                                     check_positive, generation_options, load_options, quiet_libraries)
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_libraries()
     model = load(args.model, **load_options(args))
+    announce(args, model)
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.loaded.enable_memory(args.memory)

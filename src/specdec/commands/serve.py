@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from specdec import option_forms
-from specdec.commands.common import add_generation_options, add_model_options, generation_options, load_options, \
-    quiet_libraries
+from specdec.commands.common import add_generation_options, add_model_options, announce, generation_options, \
+    load_options, quiet_libraries
 from specdec.errors import SpecdecError
 from specdec.load_options import SERVE
 from specdec.server.settings import PER_REQUEST, ROUTINGS, Scaling, ServeConfig, check_memory_sharing
@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_libraries()
     model = load(args.model, **load_options(args))
+    announce(args, model)
     draft_model = load(args.draft_model, **load_options(args)) if args.draft_model else None
     if args.memory:
         model.loaded.enable_memory(args.memory)

@@ -121,7 +121,8 @@ def settings_from(values: Mapping[str, Any] | None) -> ServeSettings:
             raise SpecdecError(f"unknown setting {name!r}: use one of {', '.join(sorted(known))}")
 
     model = _typed(values, "model", str, DEFAULT_MODEL)
-    load = LoadOptions.of({k: values[k] for k in load_names if k in values}).validate()
+    # The backend chosen for the model here (where it is auto), once: every replica loads the same.
+    load = LoadOptions.of({k: values[k] for k in load_names if k in values}).for_model(model)
     for opt in model_scope.values():
         wrong = opt.problem(values.get(opt.name))
         if wrong:
