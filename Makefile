@@ -132,7 +132,7 @@ test: setup browser models
 test-peers: setup llama-peers arctic-suffix
 	SPECDEC_REQUIRE_PEERS=1 $(PY) -m pytest -m peers
 
-# The README's results table, measured: its five workloads (Qwen2.5-Coder-1.5B; specdec plain and
+# The README's results table, measured: its six workloads (Qwen2.5-Coder-1.5B; specdec plain and
 # ngram beside stock llama-server plain and n-gram types, in one bench run each) at one clean commit,
 # then the table, bench-results/README.md and the pages' bound values regenerated. Under an hour on
 # 2 cores; the CPU should be otherwise idle (timings).

@@ -10,11 +10,11 @@ from the runs' own records. A test checks that README.md holds exactly what ``--
 ``make results`` runs every workload at one clean commit, one ``specdec bench`` run each into its
 ``bench-results/readme-*`` folder (our methods beside stock llama-server's in one process,
 interleaved per question), then regenerates the table, the results index and the pages' bound
-values from what it wrote. The checkout must be clean, and stay at one commit through all five runs:
+values from what it wrote. The checkout must be clean, and stay at one commit through all six runs:
 the table names one commit, and that commit reproduces every row. The peers come from ``make
 llama-peers`` (``SPECDEC_LLAMA_CPP_BIN`` points at another build).
 
-    python scripts/readme_results.py               # run all five workloads (under an hour on 2 cores)
+    python scripts/readme_results.py               # run all six workloads (under an hour on 2 cores)
     python scripts/readme_results.py --dry-run     # print the commands
     python scripts/readme_results.py --table       # print the table
     python scripts/readme_results.py --write-table # put it into README.md between its markers
@@ -72,7 +72,7 @@ class Workload:
                 "--repeats", str(self.repeats), "--methods", ",".join(METHODS), "--out", self.folder]
 
 
-# Sized so that the five runs take under an hour on a 2-core machine, peers included.
+# Sized so that the six runs take under an hour on a 2-core machine, peers included.
 WORKLOADS = (
     Workload("editing", "functions to return with one change", "bench-results/readme-editing",
              f"humaneval-edit:{HELDOUT}humaneval-p8-15.jsonl", 8, 400),
@@ -83,6 +83,9 @@ WORKLOADS = (
     Workload("Spec-Bench", "questions, 2 of each of 13 categories", "bench-results/readme-spec-bench",
              "spec-bench", 2, 256),
     Workload("HumanEval", "problems to complete", "bench-results/readme-humaneval", "humaneval", 12, 256),
+    # Every method is given the JSON Schema (ours constrain with it, llama-server turns it into its grammar).
+    Workload("structured output", "functions described as JSON, to a schema", "bench-results/readme-structured",
+             f"structured:{HELDOUT}humaneval-p8-15.jsonl", 8, 256),
 )
 
 
@@ -124,6 +127,9 @@ def table(root: Path = ROOT) -> str:
     machines, commits, dates, identical, earlier = set(), set(), set(), True, []
     for w in WORKLOADS:
         folder = w.shown(root)
+        if not (root / folder / "results.json").exists():
+            lines.append(f"| {w.name} | not yet run by `make results` | | | | |")
+            continue
         if folder != w.folder:
             earlier.append(w.name)
         results = load(root / folder)
@@ -136,6 +142,10 @@ def table(root: Path = ROOT) -> str:
         best = best_peer(methods)
         count = len(results.get("question_ids") or []) or results.get("limit") or _limit(results)
         asked = f"{count} {prompts(results)} {w.what}" if folder == w.folder else f"{prompts(results)}, earlier run"
+        valid = [m["overall"]["schema_valid"] for n, m in methods.items()
+                 if not n.startswith("llama-server-") and "schema_valid" in m["overall"]]
+        if valid:
+            asked += "; every specdec answer valid" if min(valid) == 1 else f"; specdec answers valid: {min(valid):.0%}"
         lines.append(
             f"| [{w.name}]({folder}/results.json) | {asked} | "
             f"{_rate(methods['plain'])} | {_with_speedup(methods['ngram'])} | "

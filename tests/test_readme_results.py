@@ -40,7 +40,7 @@ def test_every_row_runs_the_peers_and_the_workloads_name_their_prompts():
         assert any(m.startswith("llama-server-ngram-") for m in methods)
         assert command[command.index("--out") + 1] == w.folder and w.folder.startswith("bench-results/")
     held_out = {w.name for w in readme_results.WORKLOADS if readme_results.HELDOUT in w.questions}
-    assert held_out == {"editing", "agent repair loop", "two-turn chats"}
+    assert held_out == {"editing", "agent repair loop", "two-turn chats", "structured output"}
 
 
 def test_the_table_reads_prompts_commit_machine_and_the_best_peer_from_the_records(tmp_path):
@@ -57,6 +57,21 @@ def test_the_table_reads_prompts_commit_machine_and_the_best_peer_from_the_recor
     assert "answers differ" in rows[0]  # the peer's answers are not plain decoding's
     assert "commit `abc123def456`" in table and "Test CPU-avx2-2t" in table
     assert "every specdec answer identical" in table
+
+
+def test_a_workload_not_yet_run_says_so_and_a_structured_row_says_how_many_answers_are_valid(tmp_path):
+    """A workload whose folder make results has not written yet is a row saying so (the table still
+    renders); a structured run's row carries the share of specdec answers valid against the schema."""
+    structured = next(w for w in readme_results.WORKLOADS if w.name == "structured output")
+    folder = tmp_path / structured.folder
+    folder.mkdir(parents=True)
+    results = _results("abc123def456", structured.questions, {"llama-server-ngram-simple": 30.0})
+    results["methods"]["plain"]["overall"]["schema_valid"] = 1.0
+    results["methods"]["ngram"]["overall"]["schema_valid"] = 0.875
+    (folder / "results.json").write_text(json.dumps(results))
+    rows = readme_results.table(tmp_path).splitlines()
+    assert sum("not yet run by `make results`" in r for r in rows) == len(readme_results.WORKLOADS) - 1
+    assert any(r.startswith("| [structured output]") and "specdec answers valid: 88%" in r for r in rows)
 
 
 def test_a_run_recorded_without_its_prompts_says_so():
