@@ -524,14 +524,14 @@ class FakeServed:
         self.calls.append(f"chat:{messages[-1]['content']}")
         return [1, 2]
 
-    async def generate(self, prompt, opts, request, t0, tenant=None, constraint=None, logprobs=None):
+    async def generate(self, asked, request, t0):
         from specdec.api import Output
         from specdec.stats import GenerationStats
 
-        self.calls.append(f"generate:{prompt}:{opts.max_new_tokens}")
-        return Output("ok", [5], list(prompt), "length", GenerationStats(new_tokens=1))
+        self.calls.append(f"generate:{asked.prompt}:{asked.opts.max_new_tokens}")
+        return Output("ok", [5], list(asked.prompt), "length", GenerationStats(new_tokens=1))
 
-    async def events(self, prompt, opts, answer, include_usage, t0, tenant=None, constraint=None, logprobs=None):
+    async def events(self, asked, answer, include_usage, t0):
         yield ""
         yield "data: [DONE]\n\n"
 

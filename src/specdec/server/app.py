@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 
@@ -31,7 +31,7 @@ from specdec.registry import POLICIES
 from specdec.server.errors import ApiError, BodyLimit, install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai import FINISH, Answer, sse
-from specdec.server.routes import router
+from specdec.server.routes import Asked, router
 from specdec.server.scheduler import Scheduler
 from specdec.server.schemas import ChatRequest, Common, specdec_fields
 from specdec.server.tools import OPEN, call_constraint, markers, supports_tools, template_messages
@@ -188,31 +188,25 @@ class Server:
         except SpecdecError as exc:
             raise ApiError(400, str(exc), param="response_format") from None
 
-    def _start(self, prompt: str | Sequence[int], opts: GenerationOptions, tenant: str | None = None,
-               constraint: Spec | None = None, logprobs: int | None = None) -> DecodeRun:
+    def _start(self, asked: Asked) -> DecodeRun:
         # Tenants apart unless the server shares one index (specdec.server.tenants).
-        tenant = None if self.config.shared_index else tenant
+        tenant = None if self.config.shared_index else asked.tenant
         try:
-            return self.model.start(prompt, opts, draft_model=self.draft_model, tenant=tenant, constraint=constraint,
-                                    logprobs=logprobs)
+            return self.model.start(asked.prompt, asked.opts, draft_model=self.draft_model, tenant=tenant,
+                                    constraint=asked.constraint, logprobs=asked.logprobs)
         except SpecdecError as exc:
             raise ApiError(400, str(exc)) from None
 
-    async def _started(self, prompt: str | Sequence[int], opts: GenerationOptions,
-                       tenant: str | None = None, constraint: Spec | None = None,
-                       logprobs: int | None = None) -> DecodeRun:
+    async def _started(self, asked: Asked) -> DecodeRun:
         """A started generation; a request cancelled meanwhile still gets it, and closes it."""
         with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(self._start, prompt, opts, tenant, constraint, logprobs)
+            return await anyio.to_thread.run_sync(self._start, asked)
 
-    async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None, constraint: Spec | None = None,
-                       logprobs: int | None = None) -> Output:
+    async def generate(self, asked: Asked, request: Request, t0: float) -> Output:
         """The whole answer, in a slot; stops early if the client goes away. ``t0``: when the
-        request came (its latency is observed once the answer is complete); ``tenant``: whose
-        index of earlier outputs it drafts from (:mod:`specdec.server.tenants`)."""
+        request came (its latency is observed once the answer is complete)."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant, constraint, logprobs)
+            run = await self._started(asked)
             try:
                 async with aclosing(self.scheduler.steps(run)) as steps:
                     async for _ in steps:
@@ -221,20 +215,18 @@ class Server:
             finally:
                 run.close()  # no step is in flight here: the scheduler's steps are closed
                 self.metrics.generation(run.result.stats)
-            out = self.model.finish(run, run.result, opts.stop)
+            out = self.model.finish(run, run.result, asked.opts.stop)
         self.metrics.latency.observe(time.perf_counter() - t0)
         return out
 
-    async def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer,
-                     include_usage: bool, t0: float, tenant: str | None = None,
-                     constraint: Spec | None = None, logprobs: int | None = None) -> AsyncIterator[str]:
+    async def events(self, asked: Asked, answer: Answer, include_usage: bool, t0: float) -> AsyncIterator[str]:
         """Server-sent events: first the opening chunk (or "" if the answer has none) once the
         generation has started, then one chunk per step that released text, the finish reason,
         the usage if asked, [DONE]."""
         async with self.scheduler.slot():
-            run = await self._started(prompt, opts, tenant, constraint, logprobs)
+            run = await self._started(asked)
             codec = self.model.loaded.codec
-            deltas = TextDeltas(codec, StopStrings(list(opts.stop), codec))
+            deltas = TextDeltas(codec, StopStrings(list(asked.opts.stop), codec))
             first = True
             try:
                 opening = answer.opening()
@@ -243,7 +235,7 @@ class Server:
 
                 def new_logprobs():
                     nonlocal sent
-                    if logprobs is None:
+                    if asked.logprobs is None:
                         return None
                     fresh = run.result.logprobs[sent:]
                     sent += len(fresh)

@@ -12,6 +12,7 @@ annotations: FastAPI reads them from the route functions themselves.
 
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
@@ -26,6 +27,19 @@ from specdec.constraints import Spec
 from specdec.server.openai import Answer, ChatCompletion, Completion
 from specdec.server.schemas import ChatRequest, Common, CompletionRequest, with_specdec_fields
 from specdec.server.tenants import tenant_of
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What one request asks the engine for: its prompt and options, whose index of earlier outputs
+    it drafts from (:mod:`specdec.server.tenants`), what the answer must follow (None: free text)
+    and how many likeliest tokens each token's log-probability comes with (None: no logprobs)."""
+
+    prompt: str | Sequence[int]
+    opts: GenerationOptions
+    tenant: str | None = None
+    constraint: Spec | None = None
+    logprobs: int | None = None
 
 
 class Served(Protocol):
@@ -47,13 +61,9 @@ class Served(Protocol):
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]: ...
 
-    async def generate(self, prompt: str | Sequence[int], opts: GenerationOptions, request: Request,
-                       t0: float, tenant: str | None = None, constraint: Spec | None = None,
-                       logprobs: int | None = None) -> Output: ...
+    async def generate(self, asked: Asked, request: Request, t0: float) -> Output: ...
 
-    def events(self, prompt: str | Sequence[int], opts: GenerationOptions, answer: Answer, include_usage: bool,
-               t0: float, tenant: str | None = None, constraint: Spec | None = None,
-               logprobs: int | None = None) -> AsyncIterator[str]: ...
+    def events(self, asked: Asked, answer: Answer, include_usage: bool, t0: float) -> AsyncIterator[str]: ...
 
 
 def router(server: Served) -> APIRouter:
@@ -79,26 +89,22 @@ def router(server: Served) -> APIRouter:
         t0 = time.perf_counter()
         prompt = server.prompt_ids(req.prompt)
         opts = server.options(req, req.max_new_tokens, prompt)
-        constraint, logprobs = server.constraint(req), req.logprob_count()
+        asked = Asked(prompt, opts, tenant_of(request), server.constraint(req), req.logprob_count())
         answer = Completion(req.model, text_of=server.token_text)
-        tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint,
-                                                logprobs))
-        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint, logprobs))
+            return await streamed(server.events(asked, answer, include_usage(req), t0))
+        return answer.whole(await server.generate(asked, request, t0))
 
     @routes.post("/v1/chat/completions")
     async def chat(req: ChatBody, request: Request):
         t0 = time.perf_counter()
         prompt = server.chat_prompt([m.as_dict() for m in req.messages], req.tool_list())
         opts = server.options(req, req.max_new_tokens, prompt)
-        constraint, logprobs = server.constraint(req), req.logprob_count()
+        asked = Asked(prompt, opts, tenant_of(request), server.constraint(req), req.logprob_count())
         answer = ChatCompletion(req.model, text_of=server.token_text, tools=bool(req.tool_list()))
-        tenant = tenant_of(request)
         if req.stream:
-            return await streamed(server.events(prompt, opts, answer, include_usage(req), t0, tenant, constraint,
-                                                logprobs))
-        return answer.whole(await server.generate(prompt, opts, request, t0, tenant, constraint, logprobs))
+            return await streamed(server.events(asked, answer, include_usage(req), t0))
+        return answer.whole(await server.generate(asked, request, t0))
 
     return routes
 
