@@ -6,12 +6,10 @@ What it must hold: a sequence in the batch gives the growing cache's logits (bit
 float64, chains and trees, under rollback); its answers do not depend on which other sequences
 share its ticks (greedy and seeded, with drafts verified); the KV pool bounds memory, makes a
 request that does not fit wait, and gets every page back; the paged attention reads the held
-slots only, the same in its Triton kernel (run by Triton's interpreter where Triton is installed)
-as in PyTorch ops."""
+slots only (its Triton kernels: tests/test_paged_triton.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -135,35 +133,6 @@ def test_a_static_cache_is_read_as_pages_in_order():
                        pa.reference_attention(q[s:s + 1], keys, values, pooled, 0.25))
 
 
-def _interpreted_triton():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the Triton kernel runs here only under TRITON_INTERPRET=1 (set before Triton imports)")
-    pytest.importorskip("triton")
-
-
-@pytest.mark.parametrize("layout", ["pool", "static"])
-@pytest.mark.parametrize("window", [0, 40])
-def test_the_triton_kernel_gives_the_reference_attention(layout, window):
-    _interpreted_triton()
-    q, keys, values, meta = _attention_case(3, torch.float32)
-    if layout == "static":
-        keys = keys[meta.table[1]].reshape(-1, *keys.shape[2:]).permute(1, 0, 2)[None].contiguous()
-        values = values[meta.table[1]].reshape(-1, *values.shape[2:]).permute(1, 0, 2)[None].contiguous()
-        meta = pa.PagedMeta(torch.arange(meta.table.shape[1])[None], meta.start[1:2], meta.block[1:2],
-                            meta.positions[1:2], layout="static")
-        q = q[1:2]
-    got = pa.triton_attention(q, keys, values, meta, 0.25, window)
-    assert torch.allclose(got, pa.reference_attention(q, keys, values, meta, 0.25, window), atol=1e-5)
-
-
-def test_the_triton_kernel_is_batch_invariant():
-    _interpreted_triton()
-    q, keys, values, meta = _attention_case(4, torch.float32)
-    together = pa.triton_attention(q, keys, values, meta, 0.25)
-    alone = pa.PagedMeta(meta.table[2:3], meta.start[2:3], meta.block[2:3], meta.positions[2:3])
-    assert torch.equal(pa.triton_attention(q[2:3], keys, values, alone, 0.25)[0], together[2])
-
-
 def test_an_unknown_kernel_is_refused_by_name(monkeypatch):
     pa._choice.cache_clear()
     monkeypatch.setenv("SPECDEC_PAGED_KERNEL", "flash")
@@ -281,9 +250,12 @@ def test_every_answer_is_the_same_as_the_requests_alone(batch, draft_llama, samp
     plain = [_run(batch, p, c).token_ids for p, c in zip(PROMPTS, configs)]
     assert [out.token_ids for out in alone] == plain
     runs = [(p, c, d(), FixedK(6) if d() is not None else None) for p, c, d in zip(PROMPTS, configs, drafters)]
-    ticks = batch.ticks
-    assert _together(batch, runs) == plain
-    assert batch.ticks > ticks
+    batch.trace = []
+    try:
+        assert _together(batch, runs) == plain
+        assert max(len(rows) for rows, _ in batch.trace) > 1, "no tick was shared: the comparison says nothing"
+    finally:
+        batch.trace = None
 
 
 def test_a_tick_holds_every_running_sequences_rows(tiny_llama):
@@ -294,7 +266,7 @@ def test_a_tick_holds_every_running_sequences_rows(tiny_llama):
 
 
 # -- memory ---------------------------------------------------------------------------------------------------
-def test_a_request_that_does_not_fit_waits_for_pages_and_memory_stays_flat(tiny_llama):
+def test_a_request_that_does_not_fit_waits_for_pages_and_every_page_comes_back(tiny_llama):
     # Room for one sequence of 128 tokens at a time: the second waits until the first is done.
     batch = PagedBatch(tiny_llama, slots=2, pages=4, max_length=180)
     assert batch.pool.capacity == 3
@@ -313,10 +285,9 @@ def test_a_request_that_does_not_fit_waits_for_pages_and_memory_stays_flat(tiny_
     first.join()
     second.join()
     assert [i for i, _ in done] == [0, 1] and batch.pool.free == 3
-    storage = {t.data_ptr() for t in batch.pool.keys}
     for i in range(20):
         _run(batch, PROMPTS[i % len(PROMPTS)], DecodeConfig(max_new_tokens=10))
-    assert batch.pool.free == 3 and {t.data_ptr() for t in batch.pool.keys} == storage
+    assert batch.pool.free == 3
 
 
 def test_a_request_larger_than_the_pool_is_refused_with_what_would_fit(tiny_llama):
@@ -476,7 +447,7 @@ def test_the_batch_chooses_the_draft_lengths_and_answers_stay_the_requests_alone
     curve = CostModel({n: 0.01 for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)}, 0.0)
     configs = [DecodeConfig(max_new_tokens=30) for _ in PROMPTS]
     plain = [_run(batch, p, c).token_ids for p, c in zip(PROMPTS, configs)]
-    offered, taken = batch.offered, batch.taken
+    taken = batch.taken
     runs = [(p, c, NgramDrafter(), AdaptiveK(curve)) for p, c in zip(PROMPTS, configs)]
     assert _together(batch, runs) == plain
-    assert batch.taken > taken and batch.offered - offered >= batch.taken - taken
+    assert batch.taken > taken
