@@ -151,6 +151,7 @@ def test_a_batched_sequence_gives_the_growing_caches_logits_bit_for_bit(batch, t
     path kept), in float64: the pool, the tick's inputs and the masks are the growing cache's."""
     rng = random.Random(0)
     seq, back = _lease(batch)
+    seq.supports_tree = True  # the tree forward a server does not use yet (PagedSequence), checked as it is
     try:
         twin = HFBackend(tiny_llama)
         seq.reserve(150)
@@ -196,24 +197,25 @@ def test_a_chain_longer_than_a_block_runs_as_consecutive_blocks(batch, tiny_llam
         back()
 
 
-def test_a_tree_wider_than_a_block_is_refused_and_the_engine_cuts_drafts_to_fit(batch):
+def test_a_tree_is_verified_as_its_best_path(batch):
+    """The batch's sequences verify chains only (PagedSequence.supports_tree): a tree drafter's
+    tree is cut to its best path by the engine, and the answer is plain decoding's."""
     seq, back = _lease(batch)
     try:
         seq.reserve(60)
         seq.prefill([1, 2, 3])
-        with pytest.raises(ValueError, match="at most 16 nodes"):
-            seq.extend(list(range(10, 27)), tree=[-1] * 17)
-        assert seq.max_tree == 16
+        with pytest.raises(ValueError, match="cannot score draft trees"):
+            seq.extend([10, 11], tree=[-1, 0])
     finally:
         back()
-    # A tree drafter asked for more nodes than a block holds gets a tree of 15 nodes verified.
+
     class Wide(Drafter):
         def propose(self, tokens, k, stop=None):
             return Draft([3 + i % 90 for i in range(k)], parents=[-1 if i < 8 else i % 8 for i in range(k)])
 
     config = DecodeConfig(max_new_tokens=24)
     out = _run(batch, PROMPTS[0], config, Wide(), FixedK(40))
-    assert max(len(s.drafted) for s in out.trace) == 15
+    assert all(s.drafted and len(s.drafted) <= 2 for s in out.trace if s.drafted)  # a path: a root, one child
     assert out.token_ids == _run(batch, PROMPTS[0], config).token_ids
 
 
@@ -451,3 +453,70 @@ def test_the_batch_chooses_the_draft_lengths_and_answers_stay_the_requests_alone
     runs = [(p, c, NgramDrafter(), AdaptiveK(curve)) for p, c in zip(PROMPTS, configs)]
     assert _together(batch, runs) == plain
     assert batch.taken > taken
+
+
+# -- the same tokens alone, sharing ticks and in plain decoding --------------------------------------------
+def test_in_float32_a_requests_tokens_are_its_alone_sharing_ticks_and_plain_decodings(tiny_llama):
+    """Rounding is visible in float32 (float64 hides it): every request's tokens, with chain drafts,
+    tree drafts (verified as their best path) and none, are the same alone in the batch, sharing its
+    ticks, and in plain decoding on the batch's one attention path."""
+    import copy
+
+    model = copy.deepcopy(tiny_llama).float()
+    drafter_model = copy.deepcopy(tiny_llama).float()
+    batch = PagedBatch(model, slots=len(PROMPTS), pages=48, max_length=200)
+    batch.trace = []
+    configs = [DecodeConfig(max_new_tokens=24) for _ in PROMPTS]
+    drafters = [lambda: NgramDrafter(), lambda: NgramDrafter(tree=True), lambda: None,
+                lambda: ModelDrafter(HFBackend(drafter_model)), lambda: NgramDrafter(tree=True)]
+
+    def runs():
+        return [(p, c, d(), FixedK(6) if d() is not None else None) for p, c, d in zip(PROMPTS, configs, drafters)]
+    plain = [_run(batch, p, c).token_ids for p, c in zip(PROMPTS, configs)]
+    alone = [_run(batch, *r) for r in runs()]
+    assert sum(out.stats.accepted for out in alone) > 0, "no draft was verified: the comparison says nothing"
+    assert [out.token_ids for out in alone] == plain
+    batch.trace = []
+    assert _together(batch, runs()) == plain
+    assert max(len(rows) for rows, _ in batch.trace) > 1, "no tick was shared: the comparison says nothing"
+
+
+def test_in_float64_the_batch_answers_as_the_growing_cache(batch, tiny_llama):
+    """The growing cache (``specdec generate``'s transformers backend) and the batch differ in their
+    attention's sums only by rounding float64 does not show: the same tokens, drafted or not."""
+    for prompt in PROMPTS[:3]:
+        config = DecodeConfig(max_new_tokens=24)
+        want = decode(HFBackend(tiny_llama), prompt, config).token_ids
+        assert _run(batch, prompt, config).token_ids == want
+        assert _run(batch, prompt, config, NgramDrafter(tree=True), FixedK(6)).token_ids == want
+
+
+# -- what the GPU batch refuses -------------------------------------------------------------------------------
+def _gpu_batch_server(tiny_model_dir, **config):
+    import specdec
+    from specdec.backends.hf_batched import paged_batch
+    from specdec.server.app import Server
+    from specdec.server.settings import ServeConfig
+
+    model = specdec.load(str(tiny_model_dir))
+    hf = model.loaded.hf_model
+    model.loaded._batched_factory = lambda slots, kv_memory=None: paged_batch(hf, slots, kv_memory, max_length=256)
+    return model, Server(model, config=ServeConfig(slots=2, batch=True, index_tokens=0, **config))
+
+
+def test_a_tree_request_to_the_gpu_batch_gets_a_400_that_says_why(tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    model, server = _gpu_batch_server(tiny_model_dir)
+    with TestClient(server.app()) as client:
+        body = {"model": model.name, "prompt": "hello hello", "max_tokens": 4, "drafter": "ngram", "tree": True}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 400 and "tree drafts are not verified on the GPU batch" in r.text
+        assert client.post("/v1/completions", json={**body, "tree": False}).status_code == 200
+
+
+@pytest.mark.parametrize("option, value", [("max_tick_stretch", 2.0), ("max_delay_share", 0.5)])
+def test_options_that_do_nothing_on_the_gpu_batch_are_refused(tiny_model_dir, option, value):
+    name = "--" + option.replace("_", "-")
+    with pytest.raises(SpecdecError, match=f"{name} bounds the delays of llama.cpp's batched ticks.*leave it out"):
+        _gpu_batch_server(tiny_model_dir, **{option: value})

@@ -79,6 +79,11 @@ class PagedBatch:
     :class:`specdec.backends.base.BatchedSequences`. ``pages``: the pool's size (page 0 included),
     ``max_length``: tokens a sequence may hold (prompt, answer and a block of rows)."""
 
+    # Why a server on this batch refuses a request's tree=true (its sequences verify chains only).
+    no_trees = ("tree drafts are not verified on the GPU batch: a tree's nodes are laid out so that the "
+                "attention's sums group differently from a chain's, which could part an answer from plain "
+                "decoding at a near-tie; leave tree out (chains are drafted and verified as usual)")
+
     def __init__(self, model, slots: int, pages: int, max_length: int, rows: int = ROWS,
                  compile: bool | None = None, graphs: bool | None = None, gather_s: float = GATHER_S) -> None:
         if slots < 1:
@@ -413,7 +418,11 @@ class PagedSequence(Backend):
     path moved into place. Its pages are taken by :meth:`reserve` (waiting for free ones: a
     server's admission) and given back when the backend goes back to its pool."""
 
-    supports_tree = True
+    # Trees are verified as their best path (the engine cuts them): a tree's nodes sit at slots
+    # start + index, not at their positions, so the attention's sums over a node's ancestors group
+    # differently from a chain's, and a tree could part from plain decoding at a near-tie. The tree
+    # forward below (nodes, then the kept path moved) is kept for when the layout groups as a chain.
+    supports_tree = False
     chooses_lengths = True  # its batch picks every sequence's draft length in a tick together
 
     def __init__(self, batch: PagedBatch, slot: int) -> None:

@@ -70,6 +70,9 @@ class Server:
                                    self.config.max_delay_share)
         if loaded.batched is not None:
             self.metrics.watch_batch(loaded.batched)
+        self._no_trees: str | None = getattr(loaded.batched, "no_trees", None)
+        if self._no_trees and self.config.defaults.tree:
+            raise SpecdecError(f"--tree: {self._no_trees}")
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
@@ -169,10 +172,13 @@ class Server:
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop or ())
         chosen = {o.name: getattr(req, o.name, None) for o in specdec_fields()}
         try:
-            return option_forms.from_body(chosen, base)
+            opts = option_forms.from_body(chosen, base)
         except SpecdecError as exc:
             option = getattr(exc, "option", None)
             raise ApiError(400, str(exc), param=option and option_forms.body_name(option)) from None
+        if opts.tree and self._no_trees:
+            raise ApiError(400, self._no_trees, param="tree")
+        return opts
 
     def constraint(self, req: Common) -> Spec | None:
         """What the answer must follow: ``response_format`` (OpenAI's), or specdec's ``regex`` or
