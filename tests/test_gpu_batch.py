@@ -312,6 +312,142 @@ def test_pages_are_taken_all_or_nothing_and_given_back():
     assert pool.free == 4 and sorted(pool.take(4)) == [1, 2, 3, 4]
 
 
+def _pool(pages: int) -> KVPool:
+    from transformers import LlamaConfig
+
+    return KVPool(LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1), pages,
+                  torch.device("cpu"), torch.float32)
+
+
+def _waiting(*threads) -> None:
+    """A moment for the threads to reach their wait (at most 5 s while they live)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if all(t.is_alive() for t in threads):
+            return
+
+
+def test_requests_waiting_for_pages_are_served_in_arrival_order():
+    pool = _pool(6)  # 5 pages
+    held = pool.take(4)
+    order: list[str] = []
+
+    def take(name, count):
+        order.append(name + " waits")
+        pages = pool.take(count)
+        order.append(name)
+        pool.give(pages)
+    big = threading.Thread(target=take, args=("big", 5))
+    big.start()
+    _waiting(big)
+    small = threading.Thread(target=take, args=("small", 1))  # would fit now, but comes after the big one
+    small.start()
+    time.sleep(0.2)
+    assert order == ["big waits", "small waits"]
+    pool.give(held)
+    big.join(5)
+    small.join(5)
+    assert order[2:] == ["big", "small"] and pool.free == 5
+
+
+def test_a_cancelled_request_leaves_the_line():
+    pool = _pool(3)
+    held = pool.take(2)
+    cancelled = threading.Event()
+    errors: list[Exception] = []
+
+    def wait():
+        try:
+            pool.take(2, cancelled=cancelled)
+        except SpecdecError as exc:
+            errors.append(exc)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    _waiting(waiter)
+    cancelled.set()
+    waiter.join(2)
+    assert not waiter.is_alive() and "cancelled while it waited" in str(errors[0])
+    pool.give(held)
+    assert pool.take(2, timeout=0) and not pool._line  # the line is empty: the next is served at once
+
+
+def test_a_run_waiting_for_pages_stops_when_cancelled(tiny_llama):
+    from specdec.engine import DecodeRun
+
+    batch = PagedBatch(tiny_llama, slots=2, pages=4, max_length=180)  # one sequence of 128 tokens at a time
+    seq, back = _lease(batch)
+    seq.reserve(100)
+    other, other_back = _lease(batch)
+    run = DecodeRun(other, PROMPTS[1], DecodeConfig(max_new_tokens=100))
+    errors: list[Exception] = []
+
+    def go():
+        try:
+            run.run()
+        except SpecdecError as exc:
+            errors.append(exc)
+    waiter = threading.Thread(target=go)
+    try:
+        waiter.start()
+        _waiting(waiter)
+        assert waiter.is_alive() and batch.pool.free < 2  # it waits for the pages the first holds
+        run.cancel()
+        waiter.join(2)
+        assert not waiter.is_alive() and "cancelled while it waited" in str(errors[0])
+    finally:
+        back()
+        other_back()
+    assert batch.pool.free == batch.pool.capacity
+
+
+def test_a_draft_models_sequence_waits_for_pages_as_it_grows(tiny_llama):
+    """A sequence that grows as it goes (a draft model's: no reserve) waits for pages instead of
+    failing, without holding up the ticks of the others."""
+    batch = PagedBatch(tiny_llama, slots=2, pages=4, max_length=180)
+    first, first_back = _lease(batch)
+    first.reserve(100)  # 2 of the 3 pages
+    grower, grower_back = _lease(batch)
+    done = threading.Event()
+
+    def grow():
+        grower.prefill(list(range(3, 70)))  # past one page: a second page it must wait for
+        done.set()
+    thread = threading.Thread(target=grow)
+    try:
+        thread.start()
+        time.sleep(0.3)
+        assert not done.is_set()
+        first.prefill([1, 2, 3])  # the other sequence's forwards run meanwhile
+        first_back()
+        thread.join(10)
+        assert done.is_set() and grower.length == 67
+    finally:
+        grower_back()
+    assert batch.pool.free == batch.pool.capacity
+
+
+def test_a_request_the_pool_can_never_hold_gets_a_400_before_its_stream_opens(tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    import specdec
+    from specdec.backends.hf_batched import paged_batch
+    from specdec.server.app import Server
+    from specdec.server.settings import ServeConfig
+
+    model = specdec.load(str(tiny_model_dir))
+    hf = model.loaded.hf_model
+    model.loaded._batched_factory = lambda slots, kv_memory=None: paged_batch(hf, slots, "64KiB", max_length=256)
+    server = Server(model, config=ServeConfig(slots=2, batch=True, index_tokens=0))
+    capacity = model.loaded.batched.pool.capacity * 64
+    with TestClient(server.app()) as client:
+        body = {"model": model.name, "prompt": "hello", "max_tokens": capacity, "stream": True}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 400 and f"the pool holds {capacity}" in r.text
+        small = client.post("/v1/completions", json={**body, "max_tokens": 8})
+        assert small.status_code == 200 and small.text.rstrip().endswith("[DONE]")
+
+
 @pytest.mark.parametrize("text, parsed", [("8GiB", (8 * 2**30, None)), ("512MiB", (512 * 2**20, None)),
                                           ("2000000000", (2000000000, None)), ("0.3", (None, 0.3)),
                                           ("1.5gb", (1_500_000_000, None))])

@@ -126,6 +126,15 @@ class PagedBatch:
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
 
     # -- sequences --------------------------------------------------------------------------------
+    def pages_for(self, tokens: int) -> int:
+        """Pages a sequence of ``tokens`` tokens (prompt and answer) reserves: a block of rows more."""
+        return -(-(min(tokens, self.max_length) + self.width) // PAGE)
+
+    def check_fits(self, tokens: int) -> None:
+        """Refuse a sequence of ``tokens`` tokens that the pool could never hold (a server asks
+        before it answers, so that the refusal is a 400 and not a stream that breaks off)."""
+        self.pool.fits(self.pages_for(tokens))
+
     def backend(self) -> PagedSequence:
         """A sequence on a free slot (the model's pool keeps at most ``slots`` of them)."""
         with self._cond:
@@ -444,14 +453,23 @@ class PagedSequence(Backend):
         self._last: tuple[int, list[int] | None] = (0, None)
         self.batch.join(self.slot)
 
-    def reserve(self, tokens: int) -> None:
-        """Pages for ``tokens`` tokens and a block of rows, waiting until the pool has them."""
-        need = -(-(min(tokens, self.max_length) + self.batch.width) // PAGE)
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
+        """Pages for ``tokens`` tokens and a block of rows, waiting in line until the pool has them
+        (leaving the line if ``cancelled`` is set)."""
+        need = self.batch.pages_for(tokens)
         if need > len(self.pages):
-            self.batch.leave(self.slot)  # no tick waits for a sequence waiting for memory
-            try:
-                self.pages += self.batch.pool.take(need - len(self.pages))
-            finally:
+            self._take(need - len(self.pages), cancelled)
+
+    def _take(self, count: int, cancelled: threading.Event | None = None) -> None:
+        """``count`` more pages; no tick waits for this sequence while it waits for them."""
+        with self.batch._cond:
+            active = self.slot in self.batch._active
+        if active:
+            self.batch.leave(self.slot)
+        try:
+            self.pages += self.batch.pool.take(count, cancelled=cancelled)
+        finally:
+            if active:
                 self.batch.join(self.slot)
 
     def _ensure(self, end: int) -> None:
@@ -459,8 +477,8 @@ class PagedSequence(Backend):
         if need > self.batch.table_pages:
             raise SpecdecError(f"the sequence would hold {end} tokens; this server's sequences hold at most "
                                f"{self.max_length}")
-        if need > len(self.pages):
-            self.pages += self.batch.pool.take(need - len(self.pages), timeout=0)
+        if need > len(self.pages):  # a sequence that grows as it goes (a draft model's) waits as reserve does
+            self._take(need - len(self.pages))
 
     def idle(self) -> None:
         """Back in the pool: no tick waits for it, and its pages go back to the KV pool."""

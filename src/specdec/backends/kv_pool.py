@@ -5,6 +5,8 @@ the same after the thousandth request as after the first, and a request that doe
 for pages instead of failing with an out-of-memory error. A sequence takes the pages its prompt
 and answer need when it starts (:meth:`KVPool.take`, all or nothing) and gives them back when it
 ends. Page 0 is never handed out: the empty slots of a padded batch write their rows there.
+Requests waiting for pages are served in arrival order (a small one never overtakes a large one
+ahead of it), and a waiting request whose client left (``cancelled``) leaves the line.
 
 The budget is ``--kv-memory``: bytes (``8GiB``, ``512MiB``, ``2000000000``) or a fraction of the
 device's memory (``0.3``); by default what the slots can use at most (every slot at the model's
@@ -17,6 +19,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 
 import torch
@@ -25,6 +28,7 @@ from specdec.backends.paged_attention import PAGE
 from specdec.errors import SpecdecError
 
 DEFAULT_FRACTION = 0.5  # of the device memory free after loading, at most, by default
+POLL_S = 0.05  # how often a waiting request looks whether it was cancelled
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -93,6 +97,7 @@ class KVPool:
             self.keys = [torch.zeros(pages, PAGE, heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
             self.values = [torch.zeros(pages, PAGE, heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
         self._free = list(range(pages - 1, 0, -1))  # page 0 is the empty slots' scratch
+        self._line: deque[object] = deque()  # the callers waiting for pages, in arrival order
         self._cond = threading.Condition()
 
     @property
@@ -105,21 +110,37 @@ class KVPool:
         with self._cond:
             return len(self._free)
 
-    def take(self, count: int, timeout: float | None = None) -> list[int]:
-        """``count`` pages, waiting (up to ``timeout`` seconds; None: as long as it takes) until
-        that many are free; all or nothing."""
+    def fits(self, count: int) -> None:
+        """Refuse ``count`` pages that the pool could never give at once."""
         if count > self.capacity:
             raise SpecdecError(f"this request needs {count * PAGE} tokens of KV cache; the pool holds "
                                f"{self.capacity * PAGE} (--kv-memory, or ask for fewer tokens)")
+
+    def take(self, count: int, timeout: float | None = None,
+             cancelled: threading.Event | None = None) -> list[int]:
+        """``count`` pages, waiting in line (up to ``timeout`` seconds; None: as long as it takes)
+        until that many are free and every earlier caller was served; all or nothing. A caller whose
+        ``cancelled`` is set while it waits leaves the line with a :class:`SpecdecError`."""
+        self.fits(count)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while len(self._free) < count:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise SpecdecError(f"the KV pool has {len(self._free)} free pages, {count} needed")
-                self._cond.wait(left)
-            taken, self._free = self._free[-count:][::-1] if count else [], self._free[:len(self._free) - count]
-            return taken
+            ticket = object()
+            self._line.append(ticket)
+            try:
+                while self._line[0] is not ticket or len(self._free) < count:
+                    if cancelled is not None and cancelled.is_set():
+                        raise SpecdecError("the request was cancelled while it waited for KV cache pages")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise SpecdecError(f"the KV pool has {len(self._free)} free pages, {count} needed")
+                    if cancelled is not None:
+                        left = POLL_S if left is None else min(left, POLL_S)
+                    self._cond.wait(left)
+                taken, self._free = self._free[-count:][::-1] if count else [], self._free[:len(self._free) - count]
+                return taken
+            finally:
+                self._line.remove(ticket)
+                self._cond.notify_all()  # the next in line may fit now
 
     def give(self, pages: Iterable[int]) -> None:
         pages = list(pages)

@@ -27,7 +27,7 @@ from specdec.loaded import LoadedModel
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
-from specdec.registry import POLICIES
+from specdec.registry import DRAFTERS, POLICIES
 from specdec.server.errors import ApiError, BodyLimit, install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai import FINISH, Answer, sse
@@ -77,6 +77,10 @@ class Server:
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
             draft.enable_batching(self.config.slots)
+        # The KV pools a request's sequences take pages from (the GPU batch's): one that could never
+        # hold the request is a 400 before anything is streamed.
+        self._pools = [b for b in (loaded.batched,) if hasattr(b, "check_fits")]
+        self._draft_pools = [b for b in (getattr(draft, "batched", None),) if hasattr(b, "check_fits")]
 
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
@@ -178,6 +182,12 @@ class Server:
             raise ApiError(400, str(exc), param=option and option_forms.body_name(option)) from None
         if opts.tree and self._no_trees:
             raise ApiError(400, self._no_trees, param="tree")
+        pools = self._pools + (self._draft_pools if DRAFTERS.get(opts.drafter).needs_draft_model else [])
+        for pool in pools:
+            try:
+                pool.check_fits(len(prompt) + opts.max_new_tokens)
+            except SpecdecError as exc:
+                raise ApiError(400, str(exc), param="max_tokens") from None
         return opts
 
     def constraint(self, req: Common) -> Spec | None:
