@@ -427,6 +427,30 @@ def test_a_draft_models_sequence_waits_for_pages_as_it_grows(tiny_llama):
     assert batch.pool.free == batch.pool.capacity
 
 
+def test_draft_sequences_take_their_pages_up_front_and_wait_in_line(tiny_llama, draft_llama):
+    """Two drafting requests whose draft model's pool holds one of them at a time: each draft
+    sequence takes its pages before it drafts (as a target's does), so the second waits for the
+    first to end (grown page by page they would each hold one page and wait for the other's)."""
+    targets = PagedBatch(tiny_llama, slots=2, pages=8, max_length=180)
+    drafts = PagedBatch(draft_llama, slots=2, pages=3, max_length=180)  # 2 pages: one 108-token sequence
+    config = DecodeConfig(max_new_tokens=100)
+
+    def release(seq):
+        seq.idle()
+        seq.__del__()
+
+    def drafting(prompt):
+        drafter = ModelDrafter(drafts.backend(), release=release)
+        return (prompt, config, drafter, FixedK(4))
+    plain = [_run(targets, p, config).token_ids for p in PROMPTS[:2]]
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(_together(targets, [drafting(p) for p in PROMPTS[:2]])))
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the drafting requests deadlocked on the draft model's pages"
+    assert result == [plain] and drafts.pool.free == drafts.pool.capacity
+
+
 def test_a_request_the_pool_can_never_hold_gets_a_400_before_its_stream_opens(tiny_model_dir):
     from fastapi.testclient import TestClient
 

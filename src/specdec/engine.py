@@ -197,6 +197,7 @@ class DecodeRun:
         stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
         self.drafter.begin(self.prompt, self.sampler, self.target)
+        self.drafter.reserve(len(self.prompt) + cfg.max_new_tokens, self.cancelled)
         tokens = list(self.prompt)
         while not self.done:
             t0 = time.perf_counter()
