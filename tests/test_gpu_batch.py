@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -455,21 +456,92 @@ def test_a_request_the_pool_can_never_hold_gets_a_400_before_its_stream_opens(ti
     from fastapi.testclient import TestClient
 
     import specdec
-    from specdec.backends.hf_batched import paged_batch
     from specdec.server.app import Server
     from specdec.server.settings import ServeConfig
 
     model = specdec.load(str(tiny_model_dir))
     hf = model.loaded.hf_model
-    model.loaded._batched_factory = lambda slots, kv_memory=None: paged_batch(hf, slots, "64KiB", max_length=256)
+    model.loaded._batched_factory = lambda slots, kv_memory=None: PagedBatch(hf, slots, pages=3, max_length=256)
     server = Server(model, config=ServeConfig(slots=2, batch=True, index_tokens=0))
-    capacity = model.loaded.batched.pool.capacity * 64
+    capacity = model.loaded.batched.pool.capacity * 64  # 128 tokens: less than the model's context
     with TestClient(server.app()) as client:
-        body = {"model": model.name, "prompt": "hello", "max_tokens": capacity, "stream": True}
+        body = {"model": model.name, "prompt": "hello", "max_tokens": 150, "stream": True}
         r = client.post("/v1/completions", json=body)
         assert r.status_code == 400 and f"the pool holds {capacity}" in r.text
         small = client.post("/v1/completions", json={**body, "max_tokens": 8})
         assert small.status_code == 200 and small.text.rstrip().endswith("[DONE]")
+
+
+class _Allocated:
+    """What the forwards of a batch allocate, counted op by op (a dispatch mode entered on the
+    ticker's thread around each tick and prefill chunk): the most bytes live at once in any of them.
+    A storage counts from the op that made it until the tensor that brought it dies."""
+
+    def __init__(self, batch: PagedBatch) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        self.peaks: dict[str, int] = {"_run": 0, "_prefill_chunk": 0}
+        counter = self
+
+        class Count(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.live: dict[int, int] = {}
+                self.now = self.peak = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        storage = t.untyped_storage()
+                        key = storage.data_ptr()
+                        if key and key not in self.live:
+                            self.live[key] = storage.nbytes()
+                            self.now += storage.nbytes()
+                            self.peak = max(self.peak, self.now)
+                            weakref.finalize(t, self.free, key)
+                return out
+
+            def free(self, key):
+                self.now -= self.live.pop(key, 0)
+
+        for name in self.peaks:
+            call = getattr(batch, name)
+
+            def counted(*args, _call=call, _name=name, **kwargs):
+                with Count() as count:
+                    result = _call(*args, **kwargs)
+                counter.peaks[_name] = max(counter.peaks[_name], count.peak)
+                return result
+            setattr(batch, name, counted)
+
+
+def test_what_serving_allocates_stays_within_the_kv_memory_budget(tiny_llama, draft_llama):
+    """``--kv-memory`` bounds the pool and what the forwards allocate beside it (logits, attention,
+    activations), counted op by op: a long prompt's prefill is chunked to fit, and unchunked the
+    same prompt would not."""
+    from specdec.backends.hf_batched import PREFILL_CHUNK, paged_batch
+    from specdec.backends.kv_pool import parse_budget
+
+    budget = "6MiB"
+    batch = paged_batch(tiny_llama, 2, budget, max_length=1000)
+    pool = sum(t.nbytes for t in batch.pool.keys + batch.pool.values)
+    assert batch.prefill_chunk < PREFILL_CHUNK
+    assert 2 < batch.pool.pages < 2 * batch.table_pages + 1  # the budget, not the slots, sizes the pool
+    allocated = _Allocated(batch)
+    long_prompt = [3 + i % 90 for i in range(700)]
+    runs = [(long_prompt, DecodeConfig(max_new_tokens=40), NgramDrafter(), FixedK(6)),
+            (PROMPTS[1], DecodeConfig(max_new_tokens=60), ModelDrafter(HFBackend(draft_llama)), FixedK(4))]
+    _together(batch, runs)
+    peak = max(allocated.peaks.values())
+    assert allocated.peaks["_run"] > 0 and allocated.peaks["_prefill_chunk"] > 0
+    assert pool + peak <= parse_budget(budget)[0], (pool, allocated.peaks)
+    # The same prompt in one chunk of PREFILL_CHUNK rows would not have fit beside the pool.
+    whole = PagedBatch(tiny_llama, slots=2, pages=batch.pool.pages, max_length=1000)
+    unchunked = _Allocated(whole)
+    _run(whole, long_prompt, DecodeConfig(max_new_tokens=2))
+    assert pool + unchunked.peaks["_prefill_chunk"] > parse_budget(budget)[0]
 
 
 @pytest.mark.parametrize("text, parsed", [("8GiB", (8 * 2**30, None)), ("512MiB", (512 * 2**20, None)),

@@ -85,12 +85,14 @@ class PagedBatch:
                 "decoding at a near-tie; leave tree out (chains are drafted and verified as usual)")
 
     def __init__(self, model, slots: int, pages: int, max_length: int, rows: int = ROWS,
-                 compile: bool | None = None, graphs: bool | None = None, gather_s: float = GATHER_S) -> None:
+                 compile: bool | None = None, graphs: bool | None = None, gather_s: float = GATHER_S,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         if slots < 1:
             raise SpecdecError(f"a batch needs at least one slot, got {slots}")
         self.model = model
         self.device = model.device
         self.slots, self.width, self.gather_s = slots, rows, gather_s
+        self.prefill_chunk = prefill_chunk  # prompt rows a prefill forward takes at most
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = max_length
         self.table_pages = -(-(max_length + rows) // PAGE)
@@ -305,8 +307,8 @@ class PagedBatch:
         way whatever else runs: a prompt is alone in its forwards); their logits."""
         def run() -> torch.Tensor:
             out = []
-            for i in range(0, len(tokens), PREFILL_CHUNK):
-                part, at = tokens[i:i + PREFILL_CHUNK], start + i
+            for i in range(0, len(tokens), self.prefill_chunk):
+                part, at = tokens[i:i + self.prefill_chunk], start + i
                 out.append(self._prefill_chunk(pages, part, at, last_only))
             return out[-1] if last_only else torch.cat(out)
         return self.job(run)
@@ -345,15 +347,25 @@ class PagedBatch:
 def paged_batch(model, slots: int, kv_memory: str | None = None, max_length: int | None = None,
                 **options) -> PagedBatch:
     """A :class:`PagedBatch` of ``slots`` sequences of up to ``max_length`` tokens (default: the
-    model's context, at most :data:`MAX_LENGTH`), its pool within ``kv_memory``
-    (:func:`specdec.backends.kv_pool.budget_pages`)."""
-    from specdec.backends.kv_pool import budget_pages
+    model's context, at most :data:`MAX_LENGTH`), within ``kv_memory``: the pool
+    (:func:`specdec.backends.kv_pool.budget_pages`) and what the forwards allocate beside it (a
+    tick's, or a prompt's chunk's, whichever is more: they run one at a time), a prompt's chunks
+    made small enough that theirs is at most an eighth of the budget or a tick's."""
+    from specdec.backends.kv_pool import budget_bytes, budget_pages, forward_scratch, prefill_chunk
 
     context = getattr(model.config, "max_position_embeddings", None) or MAX_LENGTH
     length = max_length or min(context, MAX_LENGTH)
-    pages = budget_pages(model.config, model.dtype, model.device, slots, length + options.get("rows", ROWS),
-                         kv_memory)
-    return PagedBatch(model, slots, pages, length, **options)
+    rows = options.get("rows", ROWS)
+    width = -(-(length + rows) // PAGE) * PAGE  # the key slots a sequence's table reaches
+    config, dtype = model.config, model.dtype
+    tick = forward_scratch(config, dtype, slots, rows, width)
+    chunk = options.pop("prefill_chunk", PREFILL_CHUNK)
+    if kv_memory is not None:
+        room = max(tick, budget_bytes(kv_memory, model.device) // 8)
+        chunk = prefill_chunk(config, dtype, width, room, chunk, rows)
+    scratch = max(tick, forward_scratch(config, dtype, 1, chunk, width, logit_rows=1))
+    pages = budget_pages(config, dtype, model.device, slots, length + rows, kv_memory, scratch)
+    return PagedBatch(model, slots, pages, length, prefill_chunk=chunk, **options)
 
 
 class _Inputs:

@@ -62,26 +62,67 @@ def parse_budget(text: str | float | int) -> tuple[int | None, float | None]:
     return int(value * _UNITS[unit]), None
 
 
+def forward_scratch(config, dtype: torch.dtype, sequences: int, rows: int, width: int,
+                    logit_rows: int | None = None) -> int:
+    """Bytes a forward of ``sequences`` x ``rows`` rows over ``width`` key slots each allocates at
+    most besides the KV pages, whichever attention runs it: the reference attention's float32
+    scores (a few live at once), masks and gathered keys and values; the Triton kernel's per-split
+    sums; the layers' activations (float32 at most); the logits of ``logit_rows`` rows (default: all)
+    in the model's type, in float32 and a tick's copy of them. An upper bound, not a measurement:
+    tests/test_gpu_batch.py counts what the forwards allocate against it."""
+    layers, kv_heads, head_dim = kv_shape(config)
+    heads = config.num_attention_heads
+    element = torch.empty(0, dtype=dtype).element_size()
+    hidden = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or 4 * hidden
+    n = sequences * rows
+    score = max(4, element)  # float32 scores, or the model's type where wider
+    reference = sequences * width * (4 * heads * rows * score + 2 * kv_heads * head_dim * element + 8 * rows + 32)
+    splits = -(-width // PAGE)
+    m = max(16, 1 << (heads // kv_heads * rows - 1).bit_length())
+    kernel = sequences * kv_heads * splits * m * (head_dim + 2) * 4
+    activations = n * (12 * hidden + 4 * inner + 4 * heads * head_dim) * score
+    logits = (n if logit_rows is None else logit_rows) * config.vocab_size * (element + 2 * score)
+    return reference + kernel + activations + logits
+
+
+def prefill_chunk(config, dtype: torch.dtype, width: int, room: int, most: int, step: int = 16) -> int:
+    """The most prompt rows a prefill forward may take (a multiple of ``step``, at most ``most``)
+    whose scratch over ``width`` key slots fits in ``room`` bytes; at least ``step``."""
+    chunk = most
+    while chunk > step and forward_scratch(config, dtype, 1, chunk, width, logit_rows=1) > room:
+        chunk = max(step, chunk // 2 // step * step)
+    return chunk
+
+
 def budget_pages(config, dtype: torch.dtype, device: torch.device, slots: int, tokens_per_slot: int,
-                 kv_memory: str | None = None) -> int:
+                 kv_memory: str | None = None, scratch: int = 0) -> int:
     """Pages of the pool (page 0 included) for ``slots`` sequences of up to ``tokens_per_slot``
-    slots each, within the budget (see the module)."""
+    slots each, within the budget less ``scratch`` bytes (what the forwards allocate besides the
+    pages; see the module)."""
     size = page_bytes(config, dtype)
     most = slots * -(-tokens_per_slot // PAGE) + 1  # more could never be used at once
     if kv_memory is None:
         if device.type != "cuda":
             return most
         free, _ = torch.cuda.mem_get_info(device)
-        return max(2, min(most, int(free * DEFAULT_FRACTION) // size))
+        return max(2, min(most, (int(free * DEFAULT_FRACTION) - scratch) // size))
+    amount = budget_bytes(kv_memory, device)
+    pages = (amount - scratch) // size
+    if pages < 2:
+        raise SpecdecError(f"--kv-memory {kv_memory} holds no page of {PAGE} tokens ({size} bytes each) beside "
+                           f"the {scratch} bytes its forwards need (its logits, attention and activations)")
+    return min(pages, most)
+
+
+def budget_bytes(kv_memory: str, device: torch.device) -> int:
+    """``--kv-memory`` in bytes (a fraction: of the GPU's memory)."""
     amount, fraction = parse_budget(kv_memory)
     if fraction is not None:
         if device.type != "cuda":
             raise SpecdecError("--kv-memory as a fraction needs a GPU: give bytes (e.g. 2GiB) on a CPU")
         amount = int(torch.cuda.get_device_properties(device).total_memory * fraction)
-    pages = amount // size
-    if pages < 2:
-        raise SpecdecError(f"--kv-memory {kv_memory} holds no page of {PAGE} tokens ({size} bytes each)")
-    return min(pages, most)
+    return amount
 
 
 class KVPool:
