@@ -602,6 +602,25 @@ def test_the_server_batches_transformers_sequences_and_answers_as_alone(tiny_mod
     assert batch is not None and batch.ticks > 0 and batch.pool.free == batch.pool.capacity
 
 
+def test_the_default_draft_model_is_batched_like_a_servers_draft_model(tiny_model_dir, tiny_draft_dir):
+    """A request that drafts with the model's default draft model (no --draft-model) on the GPU
+    batch gets the draft model batched too, and the answer plain decoding's."""
+    import specdec
+    from specdec.backends.hf_batched import paged_batch
+
+    model, draft = specdec.load(str(tiny_model_dir)), specdec.load(str(tiny_draft_dir)).loaded
+    for loaded in (model.loaded, draft):
+        hf = loaded.hf_model
+        loaded._batched_factory = lambda slots, kv_memory=None, hf=hf: paged_batch(hf, slots, kv_memory, max_length=256)
+    model.loaded._default_draft_model = draft
+    model.loaded.enable_batching(2)
+    assert model.loaded.default_draft_model() is draft and draft.batched is not None and draft.batched.slots == 2
+    plain = model.generate("hello world, hello", max_new_tokens=16, drafter="none")
+    drafted = model.generate("hello world, hello", max_new_tokens=16, drafter="model", policy="fixed", num_draft=3)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.drafted > 0
+    assert draft.batched.ticks > 0 and draft.batched.pool.free == draft.batched.pool.capacity
+
+
 def test_kv_memory_needs_a_gpu(tiny_model_dir):
     import specdec
 

@@ -313,9 +313,14 @@ class LoadedModel:
 
     def default_draft_model(self) -> LoadedModel | None:
         """This model's default draft model, loaded once (on first use, with the same load options)
-        and kept; None when the model names none."""
+        and kept, batched where this model batches; None when the model names none."""
         with self._default_draft_lock:  # concurrent first generations load it once
             if self._default_draft is not None and self._default_draft_model is None:
                 name, options, report = self._default_draft
                 self._default_draft_model = load_model(name, options, report)
-            return self._default_draft_model
+            draft = self._default_draft_model
+            # Batched as a server's --draft-model is, where this model batches: one forward a tick
+            # for every request's draft, not a backend (and a graph) per sequence.
+            if draft is not None and self.batched is not None and draft.can_batch and draft.batched is None:
+                draft.enable_batching(self.batched.slots)
+            return draft
