@@ -621,6 +621,35 @@ def test_the_default_draft_model_is_batched_like_a_servers_draft_model(tiny_mode
     assert draft.batched.ticks > 0 and draft.batched.pool.free == draft.batched.pool.capacity
 
 
+def test_one_kv_memory_budget_is_shared_by_the_target_and_the_draft_models_pools(tiny_model_dir, tiny_draft_dir,
+                                                                                 monkeypatch):
+    """``--kv-memory`` with ``--draft-model`` on the GPU batch: both pools within the one budget,
+    each its share by the KV bytes a token takes in it."""
+    import specdec
+    from specdec.backends.hf_batched import paged_batch
+    from specdec.backends.kv_pool import page_bytes, split_budget
+    from specdec.server.app import Server
+    from specdec.server.settings import ServeConfig
+
+    model, draft = specdec.load(str(tiny_model_dir)), specdec.load(str(tiny_draft_dir)).loaded
+    draft.hf_model.to(torch.float64)  # another KV size than the target's: an uneven share
+    given: dict[str, str | None] = {}
+    for name, loaded in (("target", model.loaded), ("draft", draft)):
+        def factory(slots, kv_memory=None, hf=loaded.hf_model, name=name):
+            given[name] = kv_memory
+            return paged_batch(hf, slots, None, max_length=256)
+        loaded._batched_factory = factory
+        monkeypatch.setattr(loaded, "device", "cuda:0")  # enable_batching's check; the forwards stay here
+    Server(model, draft_model=draft, config=ServeConfig(slots=2, batch=True, index_tokens=0, kv_memory="3MiB"))
+    target_share, draft_share = int(given["target"]), int(given["draft"])
+    assert target_share + draft_share <= 3 * 2**20 and draft_share == 2 * target_share
+    assert [int(b) for b in split_budget("3MiB", torch.device("cpu"), [(draft.hf_model.config, torch.float32),
+                                                                     (draft.hf_model.config, torch.float64)])] \
+        == [2**20, 2 * 2**20]
+    assert page_bytes(draft.hf_model.config, torch.float64) == 2 * page_bytes(model.loaded.hf_model.config,
+                                                                                torch.float32)
+
+
 def test_kv_memory_needs_a_gpu(tiny_model_dir):
     import specdec
 

@@ -190,3 +190,12 @@ class KVPool:
         with self._cond:
             self._free.extend(reversed(pages))
             self._cond.notify_all()
+
+
+def split_budget(kv_memory: str, device: torch.device, models: list[tuple[object, torch.dtype]]) -> list[str]:
+    """One ``--kv-memory`` shared by the pools of several models that serve the same requests (a
+    target and its draft model): each its share in bytes, in proportion to the KV bytes a token
+    takes in it, so that every pool holds as many tokens as the others."""
+    amount = budget_bytes(kv_memory, device)
+    sizes = [page_bytes(config, dtype) for config, dtype in models]
+    return [str(amount * size // sum(sizes)) for size in sizes]

@@ -65,8 +65,18 @@ class Server:
             # The index of earlier outputs (per API key unless shared): what a server's drafts learn
             # from its earlier answers, bounded.
             loaded.enable_memory(capacity=self.config.index_tokens)
+        kv_memory, draft_memory = self.config.kv_memory, None
+        if (self.config.batch and kv_memory is not None and loaded.batched is None and draft is not None
+                and draft.can_batch and draft.batched is None and loaded.hf_model is not None
+                and draft.hf_model is not None):
+            # One budget for both models' pools (and their forwards' scratch), shared by KV bytes a token.
+            from specdec.backends.kv_pool import split_budget
+
+            kv_memory, draft_memory = split_budget(
+                kv_memory, loaded.hf_model.device,
+                [(m.hf_model.config, m.hf_model.dtype) for m in (loaded, draft)])
         if self.config.batch and loaded.batched is None:
-            loaded.enable_batching(self.config.slots, self.config.kv_memory, self.config.max_tick_stretch,
+            loaded.enable_batching(self.config.slots, kv_memory, self.config.max_tick_stretch,
                                    self.config.max_delay_share)
         if loaded.batched is not None:
             self.metrics.watch_batch(loaded.batched)
@@ -76,7 +86,7 @@ class Server:
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
-            draft.enable_batching(self.config.slots)
+            draft.enable_batching(self.config.slots, draft_memory)
         # The KV pools a request's sequences take pages from (the GPU batch's): one that could never
         # hold the request is a 400 before anything is streamed.
         self._pools = [b for b in (loaded.batched,) if hasattr(b, "check_fits")]
