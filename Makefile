@@ -47,6 +47,9 @@ LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF
 # the local CPU wheel; an unpinned torch would resolve to a CUDA build.
 TORCH_VERSION        := 2.13.0
 TRANSFORMERS_VERSION := 5.23.0
+# Triton for the kernel tests' interpreter (tests/test_paged_triton.py adapts its bf16 operations
+# to a GPU's, which depends on this version's interpreter).
+TRITON_VERSION       := 3.9.0
 
 # The sdist fetched by its address and checked by its hash: `pip download` of an sdist first builds
 # its metadata in an isolated environment (scikit-build-core, cmake), a minute on the critical path of
@@ -85,6 +88,7 @@ $(LLAMA_WHEELS)/.built: $(LLAMA_SRC)/.patched
 $(VENV)/.deps: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) \
+	  triton==$(TRITON_VERSION) \
 	  -e '.[dev,ray,docs]'
 	touch $@
 

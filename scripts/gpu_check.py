@@ -26,8 +26,14 @@ and transformers; no network). Writes OUT/report.json after every step and print
    compiled forward) on the same model and requests; every answer compared with the same request
    alone (the first level, one client), and the server's GPU memory after 20 and after 200 requests.
 
+The parts run in the order ``--parts`` gives (default: serve, serve-peers, smollm2, arch: serving
+first). Each server is warmed at every level's shape before its timed levels; the peer's answers are
+compared with ours (``differ_from_specdec_none``) and ours with and without drafting over it
+(``ngram_over_transformers_cb``, ``none_over_transformers_cb``). Servers run in process groups of
+their own, stopped however the check ends (SIGTERM from a time limit included).
+
     python scripts/gpu_check.py --device cuda --smollm2 /path/SmolLM2-135M-Instruct.Q4_1.gguf --out OUT
-    python scripts/gpu_check.py --device cpu --toy --out OUT     # the same code at toy size (the tests)
+    python scripts/gpu_check.py --device cpu --toy --out OUT     # every part at toy size (the tests)
     python scripts/gpu_check.py --check-archs                    # ARCHS against the shipped GGUFs
 """
 
@@ -401,6 +407,8 @@ def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -
         seen[q.category] += 1
     # Round-robin over the categories, so a run cut short by its budget still has every category.
     questions = [q for *_, q in sorted(ranked, key=lambda t: t[:2])]
+    if args.toy:  # the code's every path, not a measurement: two categories
+        questions = questions[:2]
     prompts = {q.question_id: codec.encode(q.prompt, True) for q in questions}
 
     def ours(drafter: str, ids: list[int], attention: str):
@@ -465,20 +473,55 @@ def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -
     return results
 
 
+# Every server this check started and has not stopped: stopped, with their children, however the
+# check ends (a part's failure, the device call's time limit sending SIGTERM, Ctrl-C).
+_STARTED: list = []
+_STOP_SIGNALS = (15, 2, 1)  # SIGTERM (the device call's time limit), SIGINT, SIGHUP
+
+
 def _server(command: list[str], log: Path) -> "subprocess.Popen":
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    # A process group of its own: stopping it stops whatever it started too. Signals wait until it
+    # is on the list (a SIGTERM between its start and then would leave it running).
+    import signal
 
-
-def _stop(process) -> None:
-    process.terminate()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        process.wait(30)
-    except Exception:  # noqa: BLE001 - it would not stop: kill it
-        process.kill()
-        process.wait()
+        process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                   start_new_session=True)
+        _STARTED.append(process)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return process
+
+
+def _stop(process, grace_s: float = 30) -> None:
+    """Stop ``process`` and its group: SIGTERM, then SIGKILL after ``grace_s`` seconds."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            process.wait(wait)
+            break
+        except Exception:  # noqa: BLE001 - it would not stop: killed next
+            continue
+    if process in _STARTED:
+        _STARTED.remove(process)
+
+
+def _stop_all(*_signal) -> None:
+    """Stop every server still running; as a signal handler, then end the check (its report was
+    saved after its last step)."""
+    for process in list(_STARTED):
+        _stop(process, grace_s=5)
+    if _signal:
+        sys.exit(128 + _signal[0])
 
 
 def _gpu_memory_mib(pid: int) -> float | None:
@@ -523,6 +566,7 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, our
     results.update({"levels": args.levels, "requests": args.serve_requests, "max_tokens": args.smollm2_tokens,
                     "slots": args.slots})
     prompts = mixed_prompts(["humaneval", "spec-bench"])
+    answers: dict[str, dict[int, dict[int, str]]] = report.setdefault("_answers", {})  # not saved: the texts
     hf_dir = str(resolve(str(args.smollm2)).hf_dir)
     logs = args.out
 
@@ -530,8 +574,21 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, our
         return [{"model": model, "messages": [{"role": "user", "content": prompts[(offset + i) % len(prompts)]}],
                  "max_tokens": args.smollm2_tokens, "temperature": 0, **extra} for i in range(count)]
 
+    def warm(url: str, model: str, drafters: list[str | None]) -> None:
+        """Every level's shape once, untimed, before the timed levels: as many requests as clients
+        at that concurrency, with each drafter (first compilations and graph captures happen here)."""
+        for clients in args.levels:
+            for drafter in drafters:
+                extra = {} if drafter is None else {"drafter": drafter}
+                asyncio.run(run_load(url, bodies(model, clients, offset=len(prompts) // 2, **extra), clients,
+                                     args.level_limit_s, "/v1/chat/completions", stream=True))
+
     def load(url: str, model: str, server: str, drafters: list[str | None]) -> None:
-        """Every level, each drafter in turn (the order swapped at every level)."""
+        """Every level, each drafter in turn (the order swapped at every level), after a warm-up of
+        every level's shape."""
+        started = time.perf_counter()
+        warm(url, model, drafters)
+        results.setdefault("warm_up_s", {})[server] = round(time.perf_counter() - started, 1)
         reference: dict[str, dict[int, str]] = {}
         for n, clients in enumerate(args.levels):
             for drafter in drafters if n % 2 == 0 else drafters[::-1]:
@@ -554,6 +611,10 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, our
                 if drafter not in (None, "none") and f"{server}/none" in reference:
                     plain = reference[f"{server}/none"]
                     line["differ_from_none"] = sum(plain.get(i) != t for i, t in texts.items())
+                ours_plain = answers.get("specdec/none", {}).get(clients)
+                if server != "specdec" and ours_plain:  # a peer's answers against ours, request by request
+                    line["differ_from_specdec_none"] = sum(ours_plain.get(i) != t for i, t in texts.items())
+                answers.setdefault(label, {})[clients] = texts
                 save()
                 print(f"serve {label} at {clients} clients ({time.perf_counter() - t0:.0f} s): {json.dumps(line)}",
                       flush=True)
@@ -577,12 +638,13 @@ def serve(args, device: str, dtype_name: str, t0: float, save, report: dict, our
         finally:
             _stop(process)
     for clients in map(str, args.levels):
-        ours_line = results.get("specdec/ngram", {}).get(clients, {})
         theirs = results.get("transformers-cb", {}).get(clients, {})
-        if ours_line.get("tokens_per_s") and theirs.get("tokens_per_s"):
-            results.setdefault("ngram_over_transformers_cb", {})[clients] = {
-                "tokens_per_s": round(ours_line["tokens_per_s"] / theirs["tokens_per_s"], 3),
-                "p95_latency": round(ours_line["p95_s"] / theirs["p95_s"], 3)}
+        for drafter in ("ngram", "none"):
+            ours_line = results.get(f"specdec/{drafter}", {}).get(clients, {})
+            if ours_line.get("tokens_per_s") and theirs.get("tokens_per_s"):
+                results.setdefault(f"{drafter}_over_transformers_cb", {})[clients] = {
+                    "tokens_per_s": round(ours_line["tokens_per_s"] / theirs["tokens_per_s"], 3),
+                    "p95_latency": round(ours_line["p95_s"] / theirs["p95_s"], 3)}
     return results
 
 
@@ -872,10 +934,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="plain,ngram,hf-static,hf-plain,hf-lookup",
                         help="the SmolLM2 part's methods, in the order each question runs them")
     parser.add_argument("--code", default=None, help="what code this is (scripts/gpu_device.sh prepare records the commit)")
-    parser.add_argument("--parts", default="arch,smollm2",
-                        help="which parts run, in this order: arch (random-weight architectures), smollm2 (real weights), "
-                             "serve (the GPU server under load), serve-peers (transformers' continuous batching "
-                             "under the same load)")
+    parser.add_argument("--parts", default="serve,serve-peers,smollm2,arch",
+                        help="which parts run, in this order: serve (the GPU server under load), serve-peers "
+                             "(transformers' continuous batching under the same load), smollm2 (real weights, "
+                             "one request at a time), arch (random-weight architectures)")
     parser.add_argument("--reverse", action="store_true",
                         help="categories in reverse order (a second run reaches first what a cut-short one missed)")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -900,10 +962,19 @@ def main(argv: list[str] | None = None) -> int:
     device = devices.resolve(args.device)
     dtype_name = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.toy:
         args.repeats, args.prompts, args.tokens = min(args.repeats, 2), min(args.prompts, 2), min(args.tokens, 24)
         args.long_prompt, args.pair_tokens = min(args.long_prompt, 300), min(args.pair_tokens, 20)
-    args.out.mkdir(parents=True, exist_ok=True)
+        # The real-weights parts on a toy model of SmolLM2's architecture, so that they run here too.
+        args.levels, args.serve_requests, args.smollm2_tokens = args.levels[:2], min(args.serve_requests, 2), 8
+        args.memory_requests, args.slots, args.ready_s = [2, 4], min(args.slots, 2), min(args.ready_s, 120)
+        if args.smollm2 is None:
+            args.smollm2 = toy_model(args.out / "toy-model")
+    import signal
+
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _stop_all)
     t0 = time.perf_counter()
     compiled = device != "cpu" and args.compile is not False
     report: dict = {"device": devices.device_tag(device), "dtype": dtype_name, "toy": args.toy,
@@ -923,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:  # after every step: a run cut short by its time limit still leaves what it measured
         report["seconds"] = round(time.perf_counter() - t0, 1)
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        out.write_text(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=1) + "\n")
 
     def part(key: str, run) -> bool:
         """Run one part; a part that fails must not lose the others' minutes."""
@@ -948,9 +1019,35 @@ def main(argv: list[str] | None = None) -> int:
         if name != "arch" and args.smollm2 is None:
             continue
         ok &= part(*runs[name])
+    _stop_all()
     save()
     print(f"wrote {out} in {report['seconds']} s")
     return 0 if ok else 1
+
+
+def toy_model(path: Path) -> Path:
+    """A transformers folder at toy size (SmolLM2's architecture, a small byte-level tokenizer with
+    a chat template, random weights): what ``--toy`` runs the real-weights parts on."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from specdec.bench.questions import load_questions
+
+    corpus = [q.prompt[:400] for q in load_questions("spec-bench", limit=1)]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=400, min_frequency=1, special_tokens=["<pad>", "<s>", "</s>"],
+                            show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ if [ "$1" = arch ]; then
   cp .gpu/smollm2.gguf.part00 "$S/"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"  || true
-  timeout 240 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --code "$code" \
+  timeout -k 20 240 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --code "$code" \
     --out "$out/gpu-check-arch" "$@" >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
   cat "$out/gpu-check-arch.log"
   exit 0
@@ -59,15 +59,16 @@ cat "$S/smollm2.gguf.part00" .gpu/smollm2.gguf.part01 > "$S/smollm2.gguf"
 echo "$(cat .gpu/smollm2.sha256)  $S/smollm2.gguf" | sha256sum -c
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$S/py" .gpu/wheels/*.whl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-# Ours under load, one request at a time, then transformers' continuous batching (the part most
-# likely to run long goes last).
-PYTHONPATH="$S/py" timeout 420 python3 scripts/gpu_check.py --device cuda --parts serve,smollm2,serve-peers \
+# Serving first (ours with and without drafting, then transformers' continuous batching, each warmed
+# at every level's shape), then one request at a time while time is left. The check stops its
+# servers when the time limit's SIGTERM comes; a check that does not end 20 s later is killed.
+PYTHONPATH="$S/py" timeout -k 20 390 python3 scripts/gpu_check.py --device cuda --parts serve,serve-peers,smollm2 \
   --budget-s 300 --budget-s-serve 150 --ready-s 150 --level-limit-s 60 --methods plain,ngram,hf-static \
   --smollm2 "$S/smollm2.gguf" \
   --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 || echo "smollm2 part: exit $?"
 grep -v 'it/s]' "$out/gpu-check-smollm2.log" | grep -v Warning | tail -40
 if [ -n "$WITH_ARCH" ]; then  # the architectures too, in the same call (no second start)
-  timeout 150 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --attention paged \
+  timeout -k 20 150 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --attention paged \
     --code "$code" --out "$out/gpu-check-arch" >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
   grep -v Warning "$out/gpu-check-arch.log" | tail -5
 fi

@@ -14,6 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# The GPU server's Triton kernels run in every test run: where no GPU is, by Triton's interpreter
+# (tests/test_paged_triton.py), which Triton chooses when a kernel is defined, so before any test
+# module imports them (importing torch does not import Triton).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # The tooling tests share with the maintainer's scripts (the load test, the docs' generators) lives
 # in scripts/, outside the package users install; the tests' own helpers (the headless browser, the
 # suite's timing log, the models fetched during setup) are here in tests/.

@@ -4,7 +4,9 @@ padded to one shape, verification that reads a step's values back once), and the
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,6 +170,19 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_at_toy_size(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
+    assert not [key for key in report if key.endswith("_error")], report
+    # Serving first: ours with and without drafting and transformers' continuous batching, each
+    # warmed up, at every level, their answers compared with each alone and the peer's with ours.
+    serve = report["serve"]
+    assert set(serve["warm_up_s"]) == {"specdec", "transformers-cb"}
+    for label in ("specdec/ngram", "specdec/none", "transformers-cb"):
+        for level in map(str, serve["levels"]):
+            line = serve[label][level]
+            assert line["answered"] == line["requests"] and line["differ_from_alone"] == 0, (label, line)
+    assert all("differ_from_specdec_none" in line for line in serve["transformers-cb"].values())
+    assert set(serve["ngram_over_transformers_cb"]) == set(serve["none_over_transformers_cb"]) == {"1", "8"}
+    assert set(serve["gpu_memory_mib_after_requests"]) == {"2", "4"}  # no GPU here: read as null
+    assert report["smollm2_spec_bench"]["overall"]["ngram_identical"]
     for arch in report["architectures"].values():
         assert arch["self_draft"]["identical"] and arch["self_draft"]["acceptance_rate"] == 1.0
         assert set(arch["cost_ms"]) >= {"1", "16", "17"} and arch["kernels"] == "eager"
@@ -187,12 +202,49 @@ def test_a_step_that_cannot_run_is_recorded_and_the_others_still_run(tmp_path):
 
     out = tmp_path / "broken"
     run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--toy", "--long-prompt", "0",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+                          "--parts", "arch", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     for arch in report["architectures"].values():
         assert "prompt is empty" in arch["plain_step_error"] and "plain_step" not in arch
         assert arch["self_draft"]["identical"]
+
+
+def test_a_gpu_check_cut_short_stops_every_server_it_started(tmp_path):
+    """The device call's time limit sends SIGTERM: the check stops its servers (and whatever they
+    started) before it ends, leaving nothing running on the lent machine."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cut"
+    check = subprocess.Popen([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--toy", "--parts", "serve",
+                              "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def running() -> list[int]:  # processes whose command line names this run's folder (its servers)
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != check.pid:
+                try:
+                    if str(out).encode() in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+    try:
+        deadline = time.monotonic() + 120
+        while not running() and time.monotonic() < deadline and check.poll() is None:
+            time.sleep(0.2)
+        assert running(), "the check never started its server"
+        check.send_signal(signal.SIGTERM)
+        assert check.wait(60) == 128 + signal.SIGTERM
+        left = running()
+        assert left == [], [(Path(f"/proc/{pid}/cmdline").read_bytes()[:300], pid) for pid in left]
+    finally:
+        check.kill()
+        for pid in running():
+            os.kill(pid, signal.SIGKILL)
 
 
 def gpu_claims(architectures: dict, pair_speedup: dict | None) -> list[str]:

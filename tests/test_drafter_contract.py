@@ -7,7 +7,7 @@ from __future__ import annotations
 from specdec.drafting.drafter import Drafter
 from specdec.types import Draft
 
-HOOKS = {"begin", "token_cost", "propose", "verified", "close"}
+HOOKS = {"begin", "reserve", "token_cost", "propose", "verified", "close"}
 
 
 def test_the_drafter_interface_has_exactly_the_hooks_the_engine_calls():
@@ -28,6 +28,9 @@ class Recording(Drafter):
     def begin(self, prompt, sampler, target=None) -> None:
         super().begin(prompt, sampler, target)
         self.calls.append(("begin", len(prompt), target is not None))
+
+    def reserve(self, tokens, cancelled=None) -> None:
+        self.calls.append(("reserve", tokens))
 
     def token_cost(self, tokens=()) -> float:
         self.calls.append(("token_cost", len(tokens)))
@@ -56,12 +59,13 @@ def test_a_drafter_of_only_these_hooks_runs_through_generate_with_plain_greedy_t
     assert spec.stats.accepted > 0 and spec.stats.drafted > spec.stats.accepted  # drafts verified, some wrong
     calls = drafter.calls
     assert calls[0] == ("begin", len(plain.prompt_ids), True) and calls[-1] == ("close",)
+    assert calls[1] == ("reserve", len(plain.prompt_ids) + 24)  # what the generation will hold at most
     # Per step: the price, the draft (none where only the target's own token is left to make),
     # then what verification made of it with the target's rows after the fed tokens.
     steps = [call for call in calls if call[0] == "verified"]
     assert len(steps) == len(spec.trace) == sum(call[0] == "token_cost" for call in calls)
     context = len(plain.prompt_ids)
-    i = 1
+    i = 2
     for step, (_, drafted, accepted, fed, rows) in zip(spec.trace, steps):
         assert calls[i] == ("token_cost", context)
         i += 1

@@ -8,6 +8,7 @@ the bonus position (gpt-fast's ``speculative_decode``, Leviathan et al. Algorith
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,7 @@ class DecodeRun:
         self.sampler = Sampler(config.sampling, config.verify)
         self.result = Generation(seed=None if config.sampling.greedy else self.sampler.seed)
         self.done = False
+        self.cancelled = threading.Event()  # set by cancel(): a client that left
         self.options = options
         # The grammar the answer must follow (specdec.constraints): the target's logits are masked
         # to it at every position, drafts are cut where it forbids them, and its forced tokens are
@@ -162,6 +164,11 @@ class DecodeRun:
         finally:
             self._finish()
 
+    def cancel(self) -> None:
+        """Tell a step waiting for memory (the target's :meth:`~Backend.reserve`) to stop waiting:
+        safe from any thread; the run then fails with a :class:`SpecdecError`."""
+        self.cancelled.set()
+
     def close(self) -> None:
         """End the generation where it is: its drafter is closed and its backend released, also
         when it was never iterated (a server's client that left before the first step). Not while
@@ -185,11 +192,12 @@ class DecodeRun:
         t_start = time.perf_counter()
         stats.prompt_tokens = len(self.prompt)
         self.target.reset()
-        self.target.reserve(len(self.prompt) + cfg.max_new_tokens)
+        self.target.reserve(len(self.prompt) + cfg.max_new_tokens, self.cancelled)
         self.policy.begin(self.target)
         stats.cached_tokens = self.target.prefill(self.prompt[:-1])
         stats.prefill_s = time.perf_counter() - t_start
         self.drafter.begin(self.prompt, self.sampler, self.target)
+        self.drafter.reserve(len(self.prompt) + cfg.max_new_tokens, self.cancelled)
         tokens = list(self.prompt)
         while not self.done:
             t0 = time.perf_counter()

@@ -171,8 +171,10 @@ class ServeOptions:
     batch: bool | None = declare(None, "continuous batching: the running generations' steps go into one forward "
                                        "(default: on where the backend can, llama.cpp; with exact kernels no answer "
                                        "changes)")
-    kv_memory: str | None = declare(None, "the GPU server's KV cache: bytes (8GiB, 512MiB) or a fraction of the "
-                                          "GPU's memory (0.3), allocated once; a request that does not fit waits "
+    kv_memory: str | None = declare(None, "the GPU server's KV cache and its forwards' scratch (logits, "
+                                          "attention, activations; prompts prefilled in chunks that fit): bytes "
+                                          "(8GiB, 512MiB) or a fraction of the GPU's memory (0.3), the cache "
+                                          "allocated once; a request that does not fit waits "
                                           "(default: what the slots can use, at most half the memory free after "
                                           "loading)", metavar="SIZE")
     max_delay_share: float = declare(0.03, "with batching on llama.cpp: other requests' drafts may add at most "

@@ -12,6 +12,7 @@ memory, learned state, a sequence's backend) use the loaded model directly.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +29,7 @@ from specdec.drafting.suffix_index import DEFAULT_CAPACITY, NgramMemory
 from specdec.errors import SpecdecError
 from specdec.load_options import AUTO, HF_BACKEND, LoadOptions, llamacpp_installed
 from specdec.models import Reporter, gguf_end_ids, needs_weights_folder, no_progress_bars, resolve, stderr_reporter
-from specdec.policies.goodput import DelayBudget
+from specdec.policies.goodput import DELAY_SHARE, DelayBudget
 from specdec.pool import BackendPool
 from specdec.registry import BACKENDS, BackendEntry, LoadRequest
 from specdec.text import TextCodec
@@ -205,11 +206,22 @@ class LoadedModel:
             raise SpecdecError("--kv-memory sizes the GPU server's KV pool: it needs --device cuda")
         shared = self._batched_factory(slots) if kv_memory is None else self._batched_factory(slots, kv_memory)
         shared.costs = lambda: self._costs  # ticks refine the curve once it was measured
-        if max_tick_stretch is not None:
-            shared.max_stretch = max_tick_stretch
-        # (a GPU batch runs one padded shape whatever its rows: no draft delays the others there)
-        if max_delay_share is not None and hasattr(shared, "budget"):
-            shared.budget = DelayBudget(max_delay_share)
+        if not hasattr(shared, "budget"):
+            # A GPU batch runs one padded shape whatever its rows: no draft delays the others there,
+            # so the options that bound those delays would do nothing.
+            given = [name for name, value, default in (("--max-tick-stretch", max_tick_stretch, math.inf),
+                                                       ("--max-delay-share", max_delay_share, DELAY_SHARE))
+                     if value is not None and value != default]
+            if given:
+                raise SpecdecError(f"{' and '.join(given)} bound{'s' if len(given) == 1 else ''} the delays of "
+                                   f"llama.cpp's batched ticks; the GPU batch runs one padded shape whatever its "
+                                   f"rows, so no draft delays another request there: leave "
+                                   f"{'it' if len(given) == 1 else 'them'} out")
+        else:
+            if max_tick_stretch is not None:
+                shared.max_stretch = max_tick_stretch
+            if max_delay_share is not None:
+                shared.budget = DelayBudget(max_delay_share)
         self.batched = shared
         # The lowest free sequence first: llama.cpp puts only consecutive sequence ids in one slice
         # of a batch, so running sequences 0, 2, 4 cost three forwards where 0, 1, 2 cost one.
@@ -320,9 +332,14 @@ class LoadedModel:
 
     def default_draft_model(self) -> LoadedModel | None:
         """This model's default draft model, loaded once (on first use, with the same load options)
-        and kept; None when the model names none."""
+        and kept, batched where this model batches; None when the model names none."""
         with self._default_draft_lock:  # concurrent first generations load it once
             if self._default_draft is not None and self._default_draft_model is None:
                 name, options, report = self._default_draft
                 self._default_draft_model = load_model(name, options, report)
-            return self._default_draft_model
+            draft = self._default_draft_model
+            # Batched as a server's --draft-model is, where this model batches: one forward a tick
+            # for every request's draft, not a backend (and a graph) per sequence.
+            if draft is not None and self.batched is not None and draft.can_batch and draft.batched is None:
+                draft.enable_batching(self.batched.slots)
+            return draft

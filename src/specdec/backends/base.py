@@ -6,6 +6,7 @@ new file implementing these members, registered with :func:`specdec.registry.bac
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -86,9 +87,10 @@ class Backend(ABC):
         """Forget the whole sequence."""
         self.truncate(0)
 
-    def reserve(self, tokens: int) -> None:
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
         """The sequence will hold up to ``tokens`` tokens (prompt and answer): a backend whose KV
-        cache has a fixed size sizes it now, rather than growing it mid-generation."""
+        cache has a fixed size sizes it now, rather than growing it mid-generation; one that waits
+        for memory here stops waiting once ``cancelled`` is set."""
 
     def prefill(self, tokens: Sequence[int]) -> int:
         """Fill the cache with ``tokens`` without needing their logits; return how many of them a

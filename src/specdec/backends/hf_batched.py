@@ -79,13 +79,20 @@ class PagedBatch:
     :class:`specdec.backends.base.BatchedSequences`. ``pages``: the pool's size (page 0 included),
     ``max_length``: tokens a sequence may hold (prompt, answer and a block of rows)."""
 
+    # Why a server on this batch refuses a request's tree=true (its sequences verify chains only).
+    no_trees = ("tree drafts are not verified on the GPU batch: a tree's nodes are laid out so that the "
+                "attention's sums group differently from a chain's, which could part an answer from plain "
+                "decoding at a near-tie; leave tree out (chains are drafted and verified as usual)")
+
     def __init__(self, model, slots: int, pages: int, max_length: int, rows: int = ROWS,
-                 compile: bool | None = None, graphs: bool | None = None, gather_s: float = GATHER_S) -> None:
+                 compile: bool | None = None, graphs: bool | None = None, gather_s: float = GATHER_S,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         if slots < 1:
             raise SpecdecError(f"a batch needs at least one slot, got {slots}")
         self.model = model
         self.device = model.device
         self.slots, self.width, self.gather_s = slots, rows, gather_s
+        self.prefill_chunk = prefill_chunk  # prompt rows a prefill forward takes at most
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = max_length
         self.table_pages = -(-(max_length + rows) // PAGE)
@@ -121,6 +128,15 @@ class PagedBatch:
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
 
     # -- sequences --------------------------------------------------------------------------------
+    def pages_for(self, tokens: int) -> int:
+        """Pages a sequence of ``tokens`` tokens (prompt and answer) reserves: a block of rows more."""
+        return -(-(min(tokens, self.max_length) + self.width) // PAGE)
+
+    def check_fits(self, tokens: int) -> None:
+        """Refuse a sequence of ``tokens`` tokens that the pool could never hold (a server asks
+        before it answers, so that the refusal is a 400 and not a stream that breaks off)."""
+        self.pool.fits(self.pages_for(tokens))
+
     def backend(self) -> PagedSequence:
         """A sequence on a free slot (the model's pool keeps at most ``slots`` of them)."""
         with self._cond:
@@ -291,8 +307,8 @@ class PagedBatch:
         way whatever else runs: a prompt is alone in its forwards); their logits."""
         def run() -> torch.Tensor:
             out = []
-            for i in range(0, len(tokens), PREFILL_CHUNK):
-                part, at = tokens[i:i + PREFILL_CHUNK], start + i
+            for i in range(0, len(tokens), self.prefill_chunk):
+                part, at = tokens[i:i + self.prefill_chunk], start + i
                 out.append(self._prefill_chunk(pages, part, at, last_only))
             return out[-1] if last_only else torch.cat(out)
         return self.job(run)
@@ -331,15 +347,25 @@ class PagedBatch:
 def paged_batch(model, slots: int, kv_memory: str | None = None, max_length: int | None = None,
                 **options) -> PagedBatch:
     """A :class:`PagedBatch` of ``slots`` sequences of up to ``max_length`` tokens (default: the
-    model's context, at most :data:`MAX_LENGTH`), its pool within ``kv_memory``
-    (:func:`specdec.backends.kv_pool.budget_pages`)."""
-    from specdec.backends.kv_pool import budget_pages
+    model's context, at most :data:`MAX_LENGTH`), within ``kv_memory``: the pool
+    (:func:`specdec.backends.kv_pool.budget_pages`) and what the forwards allocate beside it (a
+    tick's, or a prompt's chunk's, whichever is more: they run one at a time), a prompt's chunks
+    made small enough that theirs is at most an eighth of the budget or a tick's."""
+    from specdec.backends.kv_pool import budget_bytes, budget_pages, forward_scratch, prefill_chunk
 
     context = getattr(model.config, "max_position_embeddings", None) or MAX_LENGTH
     length = max_length or min(context, MAX_LENGTH)
-    pages = budget_pages(model.config, model.dtype, model.device, slots, length + options.get("rows", ROWS),
-                         kv_memory)
-    return PagedBatch(model, slots, pages, length, **options)
+    rows = options.get("rows", ROWS)
+    width = -(-(length + rows) // PAGE) * PAGE  # the key slots a sequence's table reaches
+    config, dtype = model.config, model.dtype
+    tick = forward_scratch(config, dtype, slots, rows, width)
+    chunk = options.pop("prefill_chunk", PREFILL_CHUNK)
+    if kv_memory is not None:
+        room = max(tick, budget_bytes(kv_memory, model.device) // 8)
+        chunk = prefill_chunk(config, dtype, width, room, chunk, rows)
+    scratch = max(tick, forward_scratch(config, dtype, 1, chunk, width, logit_rows=1))
+    pages = budget_pages(config, dtype, model.device, slots, length + rows, kv_memory, scratch)
+    return PagedBatch(model, slots, pages, length, prefill_chunk=chunk, **options)
 
 
 class _Inputs:
@@ -413,7 +439,11 @@ class PagedSequence(Backend):
     path moved into place. Its pages are taken by :meth:`reserve` (waiting for free ones: a
     server's admission) and given back when the backend goes back to its pool."""
 
-    supports_tree = True
+    # Trees are verified as their best path (the engine cuts them): a tree's nodes sit at slots
+    # start + index, not at their positions, so the attention's sums over a node's ancestors group
+    # differently from a chain's, and a tree could part from plain decoding at a near-tie. The tree
+    # forward below (nodes, then the kept path moved) is kept for when the layout groups as a chain.
+    supports_tree = False
     chooses_lengths = True  # its batch picks every sequence's draft length in a tick together
 
     def __init__(self, batch: PagedBatch, slot: int) -> None:
@@ -435,14 +465,23 @@ class PagedSequence(Backend):
         self._last: tuple[int, list[int] | None] = (0, None)
         self.batch.join(self.slot)
 
-    def reserve(self, tokens: int) -> None:
-        """Pages for ``tokens`` tokens and a block of rows, waiting until the pool has them."""
-        need = -(-(min(tokens, self.max_length) + self.batch.width) // PAGE)
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
+        """Pages for ``tokens`` tokens and a block of rows, waiting in line until the pool has them
+        (leaving the line if ``cancelled`` is set)."""
+        need = self.batch.pages_for(tokens)
         if need > len(self.pages):
-            self.batch.leave(self.slot)  # no tick waits for a sequence waiting for memory
-            try:
-                self.pages += self.batch.pool.take(need - len(self.pages))
-            finally:
+            self._take(need - len(self.pages), cancelled)
+
+    def _take(self, count: int, cancelled: threading.Event | None = None) -> None:
+        """``count`` more pages; no tick waits for this sequence while it waits for them."""
+        with self.batch._cond:
+            active = self.slot in self.batch._active
+        if active:
+            self.batch.leave(self.slot)
+        try:
+            self.pages += self.batch.pool.take(count, cancelled=cancelled)
+        finally:
+            if active:
                 self.batch.join(self.slot)
 
     def _ensure(self, end: int) -> None:
@@ -450,8 +489,8 @@ class PagedSequence(Backend):
         if need > self.batch.table_pages:
             raise SpecdecError(f"the sequence would hold {end} tokens; this server's sequences hold at most "
                                f"{self.max_length}")
-        if need > len(self.pages):
-            self.pages += self.batch.pool.take(need - len(self.pages), timeout=0)
+        if need > len(self.pages):  # a sequence that grows as it goes (a draft model's) waits as reserve does
+            self._take(need - len(self.pages))
 
     def idle(self) -> None:
         """Back in the pool: no tick waits for it, and its pages go back to the KV pool."""

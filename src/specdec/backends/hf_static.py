@@ -12,6 +12,7 @@ prefilled eagerly (their length varies), in chunks, the same way for plain and s
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -180,7 +181,7 @@ class HFStaticBackend(HFBackend):
         self.max_tree = pad_rows or None
 
     # -- capacity ---------------------------------------------------------------------------------
-    def reserve(self, tokens: int) -> None:
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
         self._ensure(tokens + max(self.pad_rows, BUCKETS[-1]))
 
     def _ensure(self, end: int, valid: int | None = None) -> None:

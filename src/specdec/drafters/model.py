@@ -96,6 +96,11 @@ class ModelDrafter(Drafter):
         if self.lookup is not None:
             self.lookup.begin(prompt, sampler)
 
+    def reserve(self, tokens: int, cancelled=None) -> None:
+        limit = getattr(self.backend, "max_length", None)  # the draft model's own context ends there
+        # A GPU batch's pages (a static cache's size), all at once, as the target's.
+        self.backend.reserve(tokens if limit is None else min(tokens, limit), cancelled)
+
     def _budget(self, tokens: Sequence[int], k: int) -> int:
         limit = getattr(self.backend, "max_length", None)
         return k if limit is None else min(k, limit - len(tokens))  # the draft model's own context ends there

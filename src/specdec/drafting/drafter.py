@@ -17,6 +17,8 @@ from :mod:`specdec.drafters.base`.
 
 from __future__ import annotations
 
+import threading
+
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
@@ -49,6 +51,11 @@ class Drafter(ABC):
         target's weights and cache (self-speculation) keep ``target``, the others ignore it. None
         where there is no target in this vocabulary (a drafter wrapped across vocabularies, tests)."""
         self.sampler = sampler
+
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
+        """After :meth:`begin`: the generation will hold up to ``tokens`` tokens. A drafter with a
+        model's cache of fixed size (a GPU batch's pages) takes it now, as the target does, waiting
+        for memory until ``cancelled`` is set; the others ignore it."""
 
     @abstractmethod
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:

@@ -27,7 +27,7 @@ from specdec.loaded import LoadedModel
 from specdec.engine import DecodeRun
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions
-from specdec.registry import POLICIES
+from specdec.registry import DRAFTERS, POLICIES
 from specdec.server.errors import ApiError, BodyLimit, install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai import FINISH, Answer, sse
@@ -65,15 +65,32 @@ class Server:
             # The index of earlier outputs (per API key unless shared): what a server's drafts learn
             # from its earlier answers, bounded.
             loaded.enable_memory(capacity=self.config.index_tokens)
+        kv_memory, draft_memory = self.config.kv_memory, None
+        if (self.config.batch and kv_memory is not None and loaded.batched is None and draft is not None
+                and draft.can_batch and draft.batched is None and loaded.hf_model is not None
+                and draft.hf_model is not None):
+            # One budget for both models' pools (and their forwards' scratch), shared by KV bytes a token.
+            from specdec.backends.kv_pool import split_budget
+
+            kv_memory, draft_memory = split_budget(
+                kv_memory, loaded.hf_model.device,
+                [(m.hf_model.config, m.hf_model.dtype) for m in (loaded, draft)])
         if self.config.batch and loaded.batched is None:
-            loaded.enable_batching(self.config.slots, self.config.kv_memory, self.config.max_tick_stretch,
+            loaded.enable_batching(self.config.slots, kv_memory, self.config.max_tick_stretch,
                                    self.config.max_delay_share)
         if loaded.batched is not None:
             self.metrics.watch_batch(loaded.batched)
+        self._no_trees: str | None = getattr(loaded.batched, "no_trees", None)
+        if self._no_trees and self.config.defaults.tree:
+            raise SpecdecError(f"--tree: {self._no_trees}")
         # The draft model's forwards too: every drafting request's draft-model forward at one draft
         # position goes into one forward (each drafter joins those batches only while it drafts).
         if self.config.batch and draft is not None and draft.can_batch and draft.batched is None:
-            draft.enable_batching(self.config.slots)
+            draft.enable_batching(self.config.slots, draft_memory)
+        # The KV pools a request's sequences take pages from (the GPU batch's): one that could never
+        # hold the request is a 400 before anything is streamed.
+        self._pools = [b for b in (loaded.batched,) if hasattr(b, "check_fits")]
+        self._draft_pools = [b for b in (getattr(draft, "batched", None),) if hasattr(b, "check_fits")]
 
     def warm_up(self) -> None:
         """Measure what the first request would otherwise pay for: the cost curve, first allocations."""
@@ -169,10 +186,19 @@ class Server:
             temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop or ())
         chosen = {o.name: getattr(req, o.name, None) for o in specdec_fields()}
         try:
-            return option_forms.from_body(chosen, base)
+            opts = option_forms.from_body(chosen, base)
         except SpecdecError as exc:
             option = getattr(exc, "option", None)
             raise ApiError(400, str(exc), param=option and option_forms.body_name(option)) from None
+        if opts.tree and self._no_trees:
+            raise ApiError(400, self._no_trees, param="tree")
+        pools = self._pools + (self._draft_pools if DRAFTERS.get(opts.drafter).needs_draft_model else [])
+        for pool in pools:
+            try:
+                pool.check_fits(len(prompt) + opts.max_new_tokens)
+            except SpecdecError as exc:
+                raise ApiError(400, str(exc), param="max_tokens") from None
+        return opts
 
     def constraint(self, req: Common) -> Spec | None:
         """What the answer must follow: ``response_format`` (OpenAI's), or specdec's ``regex`` or

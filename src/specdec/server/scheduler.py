@@ -99,6 +99,7 @@ class Scheduler:
                 yield item
         finally:
             stop.set()  # the worker ends after the step in flight
+            run.cancel()  # or, waiting for KV pages, leaves their line
             with anyio.CancelScope(shield=True):
                 await worker
             run.close()
