@@ -489,8 +489,11 @@ def _server(command: list[str], log: Path) -> "subprocess.Popen":
 
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
+        # The child inherits the blocked mask through exec: unblocked in it, or it ignores SIGTERM and
+        # every stop waits out the grace period for its SIGKILL.
         process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                   start_new_session=True)
+                                   start_new_session=True,
+                                   preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS))
         _STARTED.append(process)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -748,8 +751,7 @@ def hf_cb_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "transformers"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(request):
         body = await request.json()
         ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -800,6 +802,10 @@ def hf_cb_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    # FastAPI reads the annotation to hand the route its Request; this module postpones annotations,
+    # and a string naming a class imported in this function cannot be resolved, so it is the class.
+    chat.__annotations__["request"] = Request
+    app.post("/v1/chat/completions")(chat)
     return app
 
 

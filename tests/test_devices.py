@@ -247,6 +247,23 @@ def test_a_gpu_check_cut_short_stops_every_server_it_started(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_server_the_gpu_check_starts_stops_at_sigterm_not_after_the_grace_period(tmp_path):
+    """The check blocks its stop signals while it starts a server (so none comes between the start
+    and the server's listing); the server itself must not inherit that mask, or it ignores SIGTERM
+    and every stop waits out the grace period for SIGKILL (30 s a server on the GPU call)."""
+    import sys
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_check
+
+    process = gpu_check._server([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "sleeper.log")
+    time.sleep(0.5)  # the interpreter started: its default SIGTERM handling ends it
+    started = time.monotonic()
+    gpu_check._stop(process, grace_s=20)
+    assert process.returncode is not None and time.monotonic() - started < 5
+
+
 def gpu_claims(architectures: dict, pair_speedup: dict | None) -> list[str]:
     """What the GPU check's arch part is meant to show, as the claims a report breaks (empty: it
     holds them all): 16 rows cost about what one does; the engine's step is its graph and little
