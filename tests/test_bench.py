@@ -677,3 +677,33 @@ def test_the_llama_server_peer_sends_the_schema_and_other_peers_cannot_take_one(
 
     with pytest.raises(SpecdecError, match="cannot constrain an answer to a JSON Schema"):
         run_question(Peer("hf-plain", Server(), GenerationOptions().validate()), None, question, [1, 2], 64, None)
+
+
+def test_a_results_file_is_dirty_only_when_the_code_changed(tmp_path, monkeypatch):
+    """provenance()'s commit carries +dirty when the checkout's code (src/, scripts/, patches, the
+    build files) has uncommitted changes, not when results, pages or notes do: make results' later
+    workloads run after its earlier ones rewrote their tracked results folders."""
+    import subprocess
+
+    from specdec.commands import bench
+
+    root = tmp_path / "checkout"
+    (root / "src").mkdir(parents=True)
+    (root / "bench-results" / "run").mkdir(parents=True)
+    (root / "src" / "code.py").write_text("x = 1\n")
+    (root / "bench-results" / "run" / "results.json").write_text("{}\n")
+    (root / "CHANGELOG.md").write_text("# c\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "--short=12", "HEAD").strip()
+    monkeypatch.setattr(bench, "_checkout", lambda: root)
+    (root / "bench-results" / "run" / "results.json").write_text('{"new": 1}\n')
+    (root / "CHANGELOG.md").write_text("# c\n\nmore\n")
+    assert bench.provenance()["commit"] == head
+    (root / "src" / "code.py").write_text("x = 2\n")
+    assert bench.provenance()["commit"] == head + "+dirty"

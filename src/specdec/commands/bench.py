@@ -138,12 +138,19 @@ def provenance() -> dict:
 
     import specdec
 
-    here = Path(specdec.__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty=+dirty", "--abbrev=12"],
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    root = _checkout()
+    commit = None
+    if root is not None:
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip() or None
+            # Dirty means the code changed (CODE_PATHS): results written by earlier runs, pages and
+            # notes do not change what runs (make results' later workloads follow its earlier ones'
+            # outputs, tracked files of the same checkout).
+            if commit and _uncommitted(root):
+                commit += "+dirty"
+        except (OSError, subprocess.SubprocessError):
+            commit = None
     return {"command": "specdec " + shlex.join(sys.argv[1:]), "version": specdec.__version__, "commit": commit,
             "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
