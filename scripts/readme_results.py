@@ -57,14 +57,6 @@ class Workload:
     limit: int
     max_new_tokens: int
     repeats: int = 1
-    # The kept run of this workload from before make results, shown until make results has run it
-    # (the caption says which rows are which).
-    earlier: str | None = None
-
-    def shown(self, root: Path = ROOT) -> str:
-        """The folder the table reads: make results' run, else the earlier one."""
-        return self.folder if (root / self.folder).exists() or self.earlier is None else self.earlier
-
     def command(self) -> list[str]:
         """The ``specdec bench`` command of this row (``make results`` runs it)."""
         return ["specdec", "bench", "--model", MODEL, "--backend", "llamacpp", "--questions", self.questions,
@@ -124,14 +116,12 @@ def table(root: Path = ROOT) -> str:
     lines = ["| workload | prompts | specdec plain | specdec `ngram` | llama-server plain | "
              "llama-server's best n-gram type |",
              "|---|---|---:|---:|---:|---:|"]
-    machines, commits, dates, identical, earlier = set(), set(), set(), True, []
+    machines, commits, dates, identical = set(), set(), set(), True
     for w in WORKLOADS:
-        folder = w.shown(root)
+        folder = w.folder
         if not (root / folder / "results.json").exists():
             lines.append(f"| {w.name} | not yet run by `make results` | | | | |")
             continue
-        if folder != w.folder:
-            earlier.append(w.name)
         results = load(root / folder)
         methods = results["methods"]
         machines.add(results.get("cpu", "?"))
@@ -141,7 +131,7 @@ def table(root: Path = ROOT) -> str:
                          if not n.startswith("llama-server-"))
         best = best_peer(methods)
         count = len(results.get("question_ids") or []) or results.get("limit") or _limit(results)
-        asked = f"{count} {prompts(results)} {w.what}" if folder == w.folder else f"{prompts(results)}, earlier run"
+        asked = f"{count} {prompts(results)} {w.what}"
         valid = [m["overall"]["schema_valid"] for n, m in methods.items()
                  if not n.startswith("llama-server-") and "schema_valid" in m["overall"]]
         if valid:
@@ -160,14 +150,12 @@ def table(root: Path = ROOT) -> str:
                   "**some specdec answers differ from plain decoding's** (see the results files). ")
                + "*Held-out* prompts are ones no tuning looked at (`bench-results/heldout-inputs`), *tuning* "
                "prompts the shipped sets the drafter and policy were tuned on. Each workload links its "
-               "`results.json`, its command inside."
-               + (f" Rows not yet run by `make results` ({', '.join(earlier)}) show that workload's earlier run, "
-                  "without llama-server where it had none." if earlier else ""))
+               "`results.json`, its command inside.")
     return caption + "\n\n" + "\n".join(lines) + "\n"
 
 
 def _limit(results: dict) -> str:
-    """How many prompts an earlier run asked for, from its command (``--limit``)."""
+    """How many prompts a run asked for, from its command (``--limit``), where its record does not say."""
     found = re.search(r"--limit\s+(\d+)", results.get("command", ""))
     return found.group(1) if found else "some"
 

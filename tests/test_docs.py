@@ -101,9 +101,9 @@ def test_the_readme_has_one_results_table_and_it_is_what_its_results_files_give(
     assert readme_results.written(readme) == readme_results.table()
     copy = tmp_path / "checkout"
     for workload in readme_results.WORKLOADS:
-        shutil.copytree(ROOT / workload.shown(), copy / workload.shown())
+        shutil.copytree(ROOT / workload.folder, copy / workload.folder)
     assert readme_results.table(copy) == readme_results.table()
-    first = copy / readme_results.WORKLOADS[0].shown() / "results.json"
+    first = copy / readme_results.WORKLOADS[0].folder / "results.json"
     results = json.loads(first.read_text())
     results["methods"]["ngram"]["overall"]["gen_tokens_per_s"] += 0.1
     first.write_text(json.dumps(results))
