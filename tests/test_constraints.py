@@ -43,9 +43,20 @@ def _valid_person(text: str) -> bool:
             and isinstance(value["age"], int) and all(isinstance(t, str) for t in value["tags"]))
 
 
-def _grammar_steps(out) -> tuple[int, int]:
-    steps = [s for s in out.trace if (s.extra or {}).get("source") == "grammar"]
-    return sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps)
+def _grammar_steps(out) -> tuple[int, int, int]:
+    """The grammar's forced tokens verified (the steps that reached them), those kept, and the
+    drafter's tokens verified in the same drafts (before or after them)."""
+    drafted = kept = joined = 0
+    for step in out.trace:
+        span = (step.extra or {}).get("certain")
+        if span is None:
+            continue
+        start, stop = span
+        joined += len(step.drafted) - (stop - start)
+        if step.accepted >= start:
+            drafted += stop - start
+            kept += max(0, min(step.accepted, stop) - start)
+    return drafted, kept, joined
 
 
 # -- the tiny transformers model -------------------------------------------------------------------
@@ -58,13 +69,17 @@ def _grammar_steps(out) -> tuple[int, int]:
 def test_constrained_greedy_with_drafts_equals_plain_constrained_decoding(tiny, constraint):
     prompt = "the quick brown fox jumps over the lazy dog. the quick brown fox"
     plain = tiny.generate(prompt, max_new_tokens=60, drafter="none", **constraint)
+    joins = []
     for drafter in ("ngram", "recycle"):
         out = tiny.generate(prompt, max_new_tokens=60, drafter=drafter, policy="fixed", num_draft=6,
                             trace=True, **constraint)
         assert out.token_ids == plain.token_ids, drafter
-        drafted, accepted = _grammar_steps(out)
+        drafted, accepted, joined = _grammar_steps(out)
         assert out.stats.drafted > 0 and out.stats.target_forwards < len(out.token_ids)
         assert drafted > 0 and accepted == drafted  # the grammar's forced tokens: drafted, all kept
+        joins.append(joined)
+    if "response_format" not in constraint:  # the n-gram drafter's tokens joined the grammar's
+        assert joins[0] > 0
     if "response_format" in constraint and plain.finish_reason == "eos":
         assert _valid_person(plain.text)
     if "regex" in constraint and plain.finish_reason == "eos":
@@ -86,6 +101,27 @@ def test_a_finished_answer_is_valid_and_ends_at_the_end_of_sequence(tiny):
     assert out.finish_reason == "eos" and _valid_person(out.text)
     out = tiny.generate("zebra", max_new_tokens=40, regex=r"[0-9]{3}-[0-9]{4}")
     assert out.finish_reason == "eos" and re.fullmatch(r"[0-9]{3}-[0-9]{4}", out.text)
+
+
+def test_json_answers_are_one_line_with_json_dumps_separators_unless_the_schema_says(tiny):
+    """The default layout forces what lies between a value and the next key: the same object
+    written by json.dumps is allowed whole, pretty-printed it is cut at the first newline; a schema
+    that sets its own layout (llguidance's x-guidance) gets it."""
+    from specdec.constraints import spec_of
+
+    value = {"name": "ab", "age": 3, "tags": ["x"]}
+    compact, pretty = json.dumps(value), json.dumps(value, indent=2)
+
+    def allowed(schema, text):
+        constraint = tiny.loaded.grammar(spec_of(schema)).start()
+        tokens = tiny.encode(text)
+        return tiny.decode(tokens[:constraint.allowed_prefix(tokens)])
+
+    assert allowed(PERSON, compact) == compact
+    assert allowed(PERSON, pretty) == "{"
+    flexible = {**PERSON, "x-guidance": {"whitespace_flexible": True}}
+    assert allowed(flexible, pretty) == pretty
+    assert allowed({"type": "json_object"}, compact) == compact
 
 
 def test_a_forced_run_costs_one_forward(tiny):
@@ -175,8 +211,8 @@ class RuleConstraint:
     def __init__(self, prompt: list[int]) -> None:
         self.context = list(prompt)
 
-    def forced(self) -> list[int]:
-        out, ctx = [], list(self.context)
+    def forced(self, after=()) -> list[int]:
+        out, ctx = [], [*self.context, *after]
         while len(allowed := _allowed(ctx)) == 1 and len(out) < 4:
             out.append(allowed[0])
             ctx.append(allowed[0])
@@ -265,11 +301,69 @@ def test_the_masked_distribution_test_catches_an_engine_that_forgets_the_mask(mo
 class _NoForcing(RuleConstraint):
     """The rule constraint without forced tokens or draft cuts (the mask alone keeps it)."""
 
-    def forced(self) -> list[int]:
+    def forced(self, after=()) -> list[int]:
         return []
 
     def allowed_prefix(self, tokens) -> int:
         return len(tokens)
+
+
+class _Threes:
+    """A drafter that always proposes [3, 1, 2] (the toy grammar forces a 0 after each 3) and
+    records what it is told after each verification."""
+
+    name, drafts, sampler = "threes", True, None
+
+    def __init__(self) -> None:
+        self.told: list[tuple[list[int], int, bool, list[int], int]] = []
+        self.contexts: list[list[int]] = []
+
+    def begin(self, prompt, sampler, target=None) -> None:
+        pass
+
+    def reserve(self, tokens, cancelled=None) -> None:
+        pass
+
+    def token_cost(self, tokens=()) -> float:
+        return 0.0
+
+    def propose(self, tokens, k, stop=None):
+        from specdec.types import Draft
+
+        self.contexts.append(list(tokens))
+        return Draft([3, 1, 2][:k], confidence=[0.9, 0.9, 0.9][:k])
+
+    def verified(self, draft, verdict, fed=(), logits=None) -> None:
+        self.told.append((list(draft.tokens), verdict.num_accepted, verdict.bonus, list(fed),
+                          0 if logits is None else logits.shape[0]))
+
+    def close(self) -> None:
+        pass
+
+
+def test_forced_tokens_and_the_drafters_share_a_draft_and_the_drafter_hears_of_its_own():
+    """Greedy, the toy grammar (no token twice in a row, and only a 0 after a 3): the drafter's
+    [3, 1, 2] is cut to [3] and the forced 0 joins it; a forced 0 is followed by the drafter's
+    tokens proposed after it. The output is plain constrained decoding's; the drafter is told only
+    about its own tokens, each verdict counted from its own first token, with the logits' rows
+    that follow them."""
+    cfg = DecodeConfig(max_new_tokens=12)
+    plain = DecodeRun(TARGET.backend(), PROMPT, cfg, None, FixedK(1), constraint=RuleConstraint(PROMPT)).run()
+    drafter = _Threes()
+    run = DecodeRun(TARGET.backend(), PROMPT, cfg, drafter, FixedK(4), constraint=RuleConstraint(PROMPT))
+    out = run.run()
+    assert out.token_ids == plain.token_ids
+    spans = [(step.extra or {}).get("certain") for step in out.trace]
+    after_forced = [s for s, step in zip(spans, out.trace) if s and s[0] == 0 and len(step.drafted) > s[1]]
+    before_forced = [s for s in spans if s and s[0] > 0]
+    assert after_forced and before_forced
+    for tokens, accepted, bonus, fed, rows in drafter.told:
+        if tokens:
+            assert tokens == [3, 1, 2][:len(tokens)] and accepted <= len(tokens)
+            assert len(fed) == len(tokens) + 1 == rows and fed[1:] == tokens
+            assert bonus == (accepted == len(tokens))
+        else:
+            assert len(fed) == 1 == rows
 
 
 def test_masked_logits_keep_only_allowed_tokens():

@@ -54,6 +54,20 @@ def json_schema_of(schema: Any) -> dict:
     return schema
 
 
+# The JSON layout answers are held to, unless a schema sets its own (llguidance's top-level
+# "x-guidance" key): one line, with Python's json.dumps separators. Free whitespace leaves every
+# newline and indent to the model, so nothing between a value and the next key is forced; in
+# this layout `", "key": "` is, and the grammar drafts it (see the module). Measured on
+# Qwen2.5-Coder-1.5B's answers to the structured workload: as many answers complete, in fewer
+# tokens (CHANGELOG).
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def with_layout(schema: dict) -> dict:
+    """``schema`` held to :data:`COMPACT` where it does not choose its own layout."""
+    return schema if "x-guidance" in schema else {**schema, "x-guidance": COMPACT}
+
+
 @dataclass(frozen=True)
 class Spec:
     """What a generation is constrained to, as the user gave it: one of ``json_schema`` (a dict),
@@ -70,9 +84,9 @@ class Spec:
         llg = _llguidance()
         matcher = llg.LLMatcher
         if self.kind == "json_schema":
-            return matcher.grammar_from_json_schema(self.source)
+            return matcher.grammar_from_json_schema(with_layout(json.loads(self.source)))
         if self.kind == "json_object":
-            return matcher.grammar_from_json_schema({"type": "object"})
+            return matcher.grammar_from_json_schema(with_layout({"type": "object"}))
         if self.kind == "regex":
             return matcher.grammar_from_regex(self.source)
         if self.kind == "lark":
@@ -172,10 +186,24 @@ class Constraint:
         if self.matcher.is_error():
             raise SpecdecError(f"the grammar failed: {self.matcher.get_error()}")
 
-    def forced(self) -> list[int]:
-        """The tokens the grammar allows as the only continuation here (llguidance's fast-forward
-        tokens: its canonical tokenization of the forced text)."""
-        return list(self.matcher.compute_ff_tokens())
+    def forced(self, after: Sequence[int] = ()) -> list[int]:
+        """The tokens the grammar allows as the only continuation here, or after ``after`` (tokens
+        it allows from here, as a draft holds them): llguidance's fast-forward tokens, its
+        canonical tokenization of the forced text. The state is left where it was."""
+        if after and self.allowed_prefix(after) < len(after):
+            return []
+        consumed = 0
+        try:
+            for token in after:
+                if self.matcher.is_stopped():  # the end of sequence after the grammar's end
+                    return []
+                if not self.matcher.consume_token(token):
+                    self._check()
+                consumed += 1
+            return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
+        finally:
+            if consumed:
+                self.matcher.rollback(consumed)
 
     def allowed_prefix(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` the grammar allows in a row from here."""

@@ -28,7 +28,7 @@ from specdec.policies.fixed import FixedK
 from specdec.policies.goodput import Offer
 from specdec.sampling import Sampler, SamplingParams, VerifyMode
 from specdec.stats import GenerationStats
-from specdec.types import Draft, StepTrace
+from specdec.types import Draft, StepTrace, Verdict
 from specdec.verify import verify
 
 FinishReason = Literal["length", "eos", "stop"]
@@ -140,6 +140,7 @@ class DecodeRun:
         self._started = False
         self._closed = False
         self._iterator: Iterator[StepTrace] | None = None
+        self._own: tuple[int, Draft] | None = None  # the drafter's part of a joined draft: (offset, its draft)
 
     def run(self) -> Generation:
         """Run to the end (or return the result of a run that already ended)."""
@@ -222,12 +223,8 @@ class DecodeRun:
             else:
                 self.target.truncate(base + 1 + verdict.num_accepted)
             t2 = time.perf_counter()
-            # What the drafter learns from the verification is drafting work: timed as such. A
-            # draft of the grammar's forced tokens is none of the drafter's: it saw a plain step.
-            if (draft.extra or {}).get("source") == GRAMMAR:
-                self.drafter.verified(Draft([]), verdict, [tokens[-1]], logits[:1])
-            else:
-                self.drafter.verified(draft, verdict, [tokens[-1], *draft.tokens], logits)
+            # What the drafter learns from the verification is drafting work: timed as such.
+            self._teach(draft, verdict, tokens[-1], logits)
             t3 = time.perf_counter()
 
             position = len(out)
@@ -255,7 +252,7 @@ class DecodeRun:
                              confidence=draft.confidence, draft_probs=draft.probs,
                              target_probs=verdict.target_probs, accept_probs=verdict.accept_probs,
                              parents=draft.parents if draft.is_tree else None,
-                             path=verdict.path if draft.is_tree else None, extra=draft.extra or {})
+                             path=verdict.path if draft.is_tree else None, extra=_as_cut(draft))
             self.result.trace.append(step)
             stats.add_step(step)
             stats.wall_s = time.perf_counter() - t_start
@@ -264,20 +261,20 @@ class DecodeRun:
     def _draft(self, tokens: list[int], remaining: int) -> tuple[Draft, Offer | None]:
         """The draft to verify, and, where the target's batch chooses the draft lengths of all its
         sequences together, the policy's offer of it (the draft uncut); else the policy's cut."""
+        self._own = None
         if self.target.chooses_lengths and not self.target.wants_offer():
             return Draft([]), None
         # The target always adds one token of its own, so drafting past remaining - 1 is wasted.
         # The policy weighs what a drafted token costs here (the drafter's price) against what
         # verification saves.
         # Plain decoding stays the baseline: one masked step a token, no grammar drafts either.
-        forced = self.constraint.forced() if self.constraint is not None and self.drafter.drafts else []
-        forced = forced[:self.constraint.allowed_prefix(forced)] if forced else forced  # as the mask sees them
+        forced = self._forced(()) if self.constraint is not None and self.drafter.drafts else []
         most = self.policy.max_k(0.0 if forced else self.drafter.token_cost(tokens))
         k = min(most, remaining - 1)
         if k <= 0:
             return Draft([]), None
         if forced:  # known without a model: the target's masked choice there is these tokens' or none
-            draft = Draft(forced[:k], confidence=[1.0] * min(k, len(forced)), extra={"source": GRAMMAR})
+            draft = self._after_forced(tokens, forced, k)
         else:
             draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
             draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
@@ -291,7 +288,10 @@ class DecodeRun:
         # the residual max(0, p - q), where cutting the draft would draw it from p.
         if self.constraint is not None and not forced and (self.sampler.greedy or self.sampler.coupled
                                                            or draft.q is None):
-            draft = draft.truncated(self.constraint.allowed_prefix(draft.tokens))
+            allowed = self.constraint.allowed_prefix(draft.tokens)
+            draft = draft.truncated(allowed)
+            if draft.tokens and allowed == len(draft.tokens) and len(draft) < k:
+                draft = self._then_forced(draft, k)
         if not draft.tokens:
             return draft, None
         if self.target.chooses_lengths and not draft.is_tree:
@@ -299,6 +299,74 @@ class DecodeRun:
             if offer is not None:
                 return draft, offer
         return draft.truncated(self.policy.choose(draft)), None
+
+    # -- a grammar's forced tokens and the drafter's in one draft ------------------------------------
+    # Where the grammar forces a run (a JSON object's next key), a free drafter goes on after it;
+    # where the drafter's chain ends in a place the grammar forces, the run follows it: a step
+    # verifies value, key and value together. Only a chain the drafter made without sampling (q None) joins
+    # them: its tokens are kept by the target's choice, as the forced ones are, and nothing of it
+    # is priced by a curve of its own. The drafter is told about its own part alone (``_own``).
+
+    def _forced(self, after: Sequence[int]) -> list[int]:
+        forced = self.constraint.forced(after)
+        if not forced:
+            return forced
+        return forced[:self.constraint.allowed_prefix([*after, *forced]) - len(after)]  # as the mask sees them
+
+    def _after_forced(self, tokens: list[int], forced: list[int], k: int) -> Draft:
+        """The forced run (at most ``k``), then what the drafter proposes after it, as the grammar allows."""
+        run = forced[:k]
+        grammar = Draft(run, confidence=[1.0] * len(run), extra={"source": GRAMMAR, "certain": [0, len(run)]})
+        room = k - len(run)
+        # A drafter that pays for its tokens (a model's forwards) is priced by the policy before it
+        # drafts (max_k), which a forced step skips: only a free one goes on after the run.
+        if room <= 0 or any(t in self.config.eos_token_ids for t in run) or self.drafter.token_cost([*tokens, *run]):
+            return grammar
+        stop = self.policy.stop_drafting
+        mine = self.drafter.propose([*tokens, *run], room, lambda confidence: stop([*grammar.confidence, *confidence]))
+        mine = fit(mine, room, room, self.config.eos_token_ids)
+        if not self._joins(mine):
+            return grammar  # the drafter hears of a plain step after it (see _teach)
+        mine = mine.truncated(self.constraint.allowed_prefix([*run, *mine.tokens]) - len(run))
+        if not mine.tokens:
+            return grammar
+        self._own = (len(run), mine)
+        return _joined(grammar, mine, {"source": GRAMMAR, "certain": [0, len(run)]})
+
+    def _then_forced(self, draft: Draft, k: int) -> Draft:
+        """The drafter's chain ``draft`` (every token allowed), then the run the grammar forces after it."""
+        if not self._joins(draft) or any(t in self.config.eos_token_ids for t in draft.tokens):
+            return draft
+        forced = self._forced(draft.tokens)[:k - len(draft)]
+        if not forced:
+            return draft
+        self._own = (0, draft)
+        extra = {**(draft.extra or {}), "certain": [len(draft), len(draft) + len(forced)]}
+        return _joined(draft, Draft(forced, confidence=[1.0] * len(forced)), extra)
+
+    def _teach(self, draft: Draft, verdict: Verdict, last: int, logits: torch.Tensor) -> None:
+        """Tell the drafter what became of its own proposal: its part of a joined draft as a draft
+        of its own after the tokens before it; a plain step where none of its tokens was verified."""
+        if self._own is None:
+            if (draft.extra or {}).get("source") == GRAMMAR:  # none of the drafter's: it saw a plain step
+                self.drafter.verified(Draft([]), verdict, [last], logits[:1])
+            else:
+                self.drafter.verified(draft, verdict, [last, *draft.tokens], logits)
+            return
+        offset, mine = self._own
+        mine = mine.truncated(max(0, len(draft) - offset))  # as the policy cut the joined draft
+        if not mine.tokens or verdict.num_accepted < offset:
+            self.drafter.verified(Draft([]), verdict, [last], logits[:1])
+            return
+        n, accepted = len(mine), verdict.num_accepted - offset
+        kept = Verdict(verdict.tokens[offset:offset + min(n, accepted) + 1], min(n, accepted), accepted >= n)
+        fed = [last, *draft.tokens][offset:offset + n + 1]
+        self.drafter.verified(mine, kept, fed, logits[offset:offset + n + 1])
+
+    @staticmethod
+    def _joins(draft: Draft) -> bool:
+        return (bool(draft.tokens) and not draft.is_tree and draft.q is None and draft.confidence is not None
+                and draft.verify_cost is None)
 
     def _finished(self, token: int) -> bool:
         res = self.result
@@ -363,3 +431,24 @@ def decode(target: Backend, prompt: Sequence[int], config: DecodeConfig,
            drafter: Drafter | None = None, policy: DraftPolicy | None = None) -> Generation:
     """Generate after ``prompt`` (token ids); without a drafter this is plain decoding."""
     return DecodeRun(target, prompt, config, drafter, policy).run()
+
+
+def _joined(first: Draft, then: Draft, extra: dict) -> Draft:
+    """Two chains one after the other (neither sampled: no q), as one draft."""
+    probs = None if first.probs is None or then.probs is None else [*first.probs, *then.probs]
+    return Draft([*first.tokens, *then.tokens], None, first.forwards + then.forwards,
+                 [*first.confidence, *then.confidence], probs, (first.proposed or 0) + (then.proposed or 0),
+                 extra=extra)
+
+
+def _as_cut(draft: Draft) -> dict:
+    """The trace's details of a draft the policy may have cut: its forced tokens' span within it."""
+    extra = dict(draft.extra or {})
+    if "certain" in extra:
+        start, stop = extra["certain"]
+        stop = min(stop, len(draft))
+        if stop > start:
+            extra["certain"] = [start, stop]
+        else:
+            del extra["certain"]
+    return extra
