@@ -37,8 +37,10 @@ their own, stopped however the check ends (SIGTERM from a time limit included).
     python scripts/gpu_check.py --check-archs                    # ARCHS against the shipped GGUFs
 """
 
-from __future__ import annotations
-
+# Annotations are evaluated as each function is defined (no ``from __future__ import annotations``):
+# FastAPI reads the peer's chat route's at runtime, and the ``Request`` it names is imported inside
+# ``hf_cb_app`` (FastAPI is not needed by the rest of the check), where a postponed string could not
+# be resolved.
 import argparse
 import asyncio
 import functools
@@ -751,7 +753,8 @@ def hf_cb_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "transformers"}]}
 
-    async def chat(request):
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
         body = await request.json()
         ids = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -802,10 +805,6 @@ def hf_cb_app(model, tokenizer, manager, name: str, max_tokens: int = 256):
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    # FastAPI reads the annotation to hand the route its Request; this module postpones annotations,
-    # and a string naming a class imported in this function cannot be resolved, so it is the class.
-    chat.__annotations__["request"] = Request
-    app.post("/v1/chat/completions")(chat)
     return app
 
 

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 
 # The tooling tests share with the maintainer's scripts (the load test, the docs' generators) lives
 # in scripts/, outside the package users install; the tests' own helpers (the headless browser, the
-# suite's timing log, the models fetched during setup) are here in tests/.
+# suite's timing log, the models fetched during setup, the naive attention) are here in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from specdec.backends.toy import ToyLM

@@ -152,6 +152,35 @@ def test_a_right_drafter_in_another_vocabulary_is_mostly_accepted(byte_level, se
     assert out.stats.mean_accepted_length > 2.0
 
 
+class Reserving(TextOracle):
+    """A :class:`TextOracle` that records what :meth:`~specdec.drafters.base.Drafter.reserve` asks of it."""
+
+    def __init__(self, codec: TextCodec, text: str) -> None:
+        super().__init__(codec, text)
+        self.reserved: list[int] = []
+
+    def reserve(self, tokens, cancelled=None) -> None:
+        self.reserved.append(tokens)
+
+
+def test_the_wrapper_passes_reserve_on_in_the_inner_vocabulary(byte_level, sentencepiece):
+    """A draft model with a fixed-size cache (a GPU batch's pages) takes it at reserve: through the
+    bridge it must still be asked, for its own prompt's tokens and the answer's."""
+    text = " ".join(TEXTS)
+    target_ids = sentencepiece.tokenizer(text, add_special_tokens=False)["input_ids"]
+    V = len(sentencepiece.tokenizer)
+    lm = ToyLM(V, 1, seed=3)
+    bridge = VocabBridge(sentencepiece, byte_level, V, len(byte_level.tokenizer))
+    inner = Reserving(byte_level, text)
+    prompt = target_ids[:12]
+    decode(lm.backend(), prompt, DecodeConfig(max_new_tokens=8), CrossVocabDrafter(inner, bridge, frozenset(),
+                                                                                      frozenset()), FixedK(4))
+    assert len(inner.reserved) == 1
+    # Its prompt's own tokens (more here than the target's), and the answer's at least one for one.
+    assert len(bridge.draft_context(prompt)) > len(prompt)
+    assert inner.reserved[0] >= len(bridge.draft_context(prompt)) + 8
+
+
 # -- the intersection sampler ------------------------------------------------------------------------
 class FakeBridge:
     """Target vocabulary {0..3}; draft vocabulary {0..4} where draft 0..2 are target 0..2 and draft

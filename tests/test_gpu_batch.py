@@ -33,6 +33,8 @@ from specdec.policies.fixed import FixedK
 from specdec.sampling import SamplingParams
 from specdec.types import Draft
 
+from naive_attention import naive_attention  # tests/naive_attention.py, beside this file
+
 PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 11], [1, 7, 8, 7, 8, 30, 7, 8], [1, 40, 41, 42, 40, 41, 42],
            [1, 3, 4, 5, 6, 3, 4, 5, 6, 3], [1, 60, 61, 60, 61, 60]]
 
@@ -86,32 +88,11 @@ def _attention_case(seed: int, dtype=torch.float64):
     return q, keys, values, pa.PagedMeta(table, start, block, positions)
 
 
-def _naive(q, keys, values, meta, scale, window=0):
-    """Row by row: the slots before start, the block's own rows, softmax, weighted values."""
-    b, heads, rows, dim = q.shape
-    kv_heads = keys.shape[2]
-    out = torch.zeros(b, rows, heads, dim, dtype=q.dtype)
-    for s in range(b):
-        k = keys[meta.table[s]].reshape(-1, kv_heads, dim)
-        v = values[meta.table[s]].reshape(-1, kv_heads, dim)
-        start = int(meta.start[s])
-        for r in range(rows):
-            slots = list(range(start)) + [start + c for c in range(rows) if meta.block[s, r, c]]
-            key_pos = [j if j < start else int(meta.positions[s, j - start]) for j in slots]
-            if window:
-                slots = [j for j, p in zip(slots, key_pos) if int(meta.positions[s, r]) - p < window]
-            for h in range(heads):
-                kh = h // (heads // kv_heads)
-                scores = (k[slots, kh] @ q[s, h, r]) * scale
-                out[s, r, h] = torch.softmax(scores, 0) @ v[slots, kh]
-    return out
-
-
 @pytest.mark.parametrize("window", [0, 40])
 def test_the_reference_attention_sees_the_cached_slots_and_the_blocks_rows(window):
     q, keys, values, meta = _attention_case(0)
     got = pa.reference_attention(q, keys, values, meta, 0.25, window)
-    assert torch.allclose(got, _naive(q, keys, values, meta, 0.25, window), atol=1e-12)
+    assert torch.allclose(got, naive_attention(q, keys, values, meta, 0.25, window), atol=1e-12)
 
 
 def test_a_sequences_attention_does_not_depend_on_the_others():

@@ -21,6 +21,8 @@ import torch
 from specdec import tree as trees
 from specdec.backends import paged_attention as pa
 
+from naive_attention import naive_attention  # tests/naive_attention.py, beside this file
+
 import triton  # noqa: F401  (part of the test install: never skipped for want of it)
 from triton.runtime import interpreter
 
@@ -194,25 +196,6 @@ def _split_order(q, keys, values, meta, scale=0.3, window=0, split=pa.SPLIT):
     return out
 
 
-def _naive(q, keys, values, meta, scale=0.3, window=0):
-    """Row by row in float64: the slots before start, the block's own rows, softmax, weighted values."""
-    b, heads, rows, dim = q.shape
-    out = torch.zeros(b, rows, heads, dim, dtype=torch.float64)
-    k_all, v_all = pa.gathered(keys, meta.table, meta.layout), pa.gathered(values, meta.table, meta.layout)
-    for s in range(b):
-        start = int(meta.start[s])
-        for r in range(rows):
-            slots = list(range(start)) + [start + c for c in range(rows) if meta.block[s, r, c]]
-            key_pos = [j if j < start else int(meta.positions[s, j - start]) for j in slots]
-            if window:
-                slots = [j for j, p in zip(slots, key_pos) if int(meta.positions[s, r]) - p < window]
-            for h in range(heads):
-                kh = h // (heads // KV_HEADS)
-                k, v = k_all[s, kh, slots].double(), v_all[s, kh, slots].double()
-                out[s, r, h] = torch.softmax((k @ q[s, h, r].double()) * scale, 0) @ v
-    return out
-
-
 # -- the kernels --------------------------------------------------------------------------------------------
 DTYPES = [torch.bfloat16, torch.float64]
 
@@ -226,7 +209,7 @@ def test_the_kernels_give_their_split_order_bit_for_bit_and_the_naive_attention_
     assert torch.equal(got, want), f"max diff {(got.double() - want.double()).abs().max()}"
     # bf16: the output's own rounding (8 bits) and the weights' cast before the values' product;
     # float64 inputs: float32 scores and sums.
-    naive = _naive(q, keys, values, meta, window=window)
+    naive = naive_attention(q, keys, values, meta, 0.3, window)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
     assert torch.allclose(got.double(), naive, atol=tol, rtol=tol)
     # Rounding is visible in bf16 (what a bit-for-bit check there is worth) and not zero in float64.

@@ -47,6 +47,9 @@ class HindsightCut(Drafter):
     def begin(self, prompt, sampler, target=None) -> None:
         self.inner.begin(prompt, sampler, target)
 
+    def reserve(self, tokens, cancelled=None) -> None:
+        self.inner.reserve(tokens, cancelled)
+
     def propose(self, tokens, k, stop=None) -> Draft:
         candidate = self.inner.propose(tokens, k).tokens
         kept = kept_prefix(candidate, self.reference[len(tokens):len(tokens) + len(candidate)])

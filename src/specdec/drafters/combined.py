@@ -44,6 +44,10 @@ class CombinedDrafter(SelfDrafter):
         super().begin(prompt, sampler, target)
         self.free.begin(prompt, sampler, target)
 
+    def reserve(self, tokens: int, cancelled=None) -> None:
+        super().reserve(tokens, cancelled)
+        self.free.reserve(tokens, cancelled)  # the same vocabulary: the same count
+
     def close(self) -> None:
         self.free.close()
 

@@ -100,6 +100,8 @@ class ModelDrafter(Drafter):
         limit = getattr(self.backend, "max_length", None)  # the draft model's own context ends there
         # A GPU batch's pages (a static cache's size), all at once, as the target's.
         self.backend.reserve(tokens if limit is None else min(tokens, limit), cancelled)
+        if self.lookup is not None:
+            self.lookup.reserve(tokens, cancelled)
 
     def _budget(self, tokens: Sequence[int], k: int) -> int:
         limit = getattr(self.backend, "max_length", None)

@@ -13,6 +13,9 @@ Two ways across, both lossless because the target still verifies every token:
 
 from __future__ import annotations
 
+import math
+import threading
+
 from collections.abc import Sequence
 
 from specdec.backends.base import Backend
@@ -35,6 +38,7 @@ class CrossVocabDrafter(Drafter):
         self.target_eos = sorted(target_eos)
         self.draft_eos = draft_eos
         self._last: tuple[Draft, list[int], list[int]] | None = None  # inner draft, its text ends, ours
+        self._density = 1.0  # draft tokens per target token on this generation's prompt, at least 1
 
     @property
     def intersection(self) -> bool:
@@ -45,7 +49,18 @@ class CrossVocabDrafter(Drafter):
         if hasattr(self.inner, "allowed"):
             self.inner.allowed = self.bridge.draft_mask if self.intersection else None
         # The inner drafter works in the draft model's vocabulary: the target is none of its.
-        self.inner.begin(self.bridge.draft_context(prompt), sampler)
+        context = self.bridge.draft_context(prompt)
+        self._density = max(1.0, len(context) / max(1, len(prompt)))
+        self.inner.begin(context, sampler)
+
+    def reserve(self, tokens: int, cancelled: threading.Event | None = None) -> None:
+        # ``tokens`` counts target tokens; the inner drafter's vocabulary may spell the same text in
+        # more (or fewer) tokens. No count is a hard bound short of one token per byte, which would
+        # hold a draft model's whole context for every request, so the prompt's own density scales
+        # it, never below ``tokens``: the prompt's draft tokens are covered exactly, and the answer
+        # is assumed as dense as the prompt. Too few is not fatal: a draft backend's cache takes
+        # more as it grows (waiting as reserve does), and a draft model clamps to its own context.
+        self.inner.reserve(math.ceil(tokens * self._density), cancelled)
 
     def propose(self, tokens: Sequence[int], k: int, stop: StopDrafting | None = None) -> Draft:
         context = self.bridge.draft_context(tokens)
