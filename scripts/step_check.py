@@ -109,12 +109,13 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--budget", type=float, default=1.03, help="the most our step may cost over llama-server's")
     parser.add_argument("--port", type=int, default=8190)
+    parser.add_argument("--prompt-file", type=Path, default=PROMPT_FILE, help="the prompt (a longer one: a longer context)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     import specdec
 
-    prompt = PROMPT_FILE.read_text()
+    prompt = args.prompt_file.read_text()
     gguf = resolve(args.model, need_hf=False).gguf
     prompt_ids = specdec.load(args.model, backend="llamacpp").encode(prompt, chat=True)
     peer = LlamaServer(gguf, ["--parallel", str(SLOTS)], ctx=SLOTS * CELLS)  # the last --parallel counts
