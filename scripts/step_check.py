@@ -11,7 +11,8 @@ them alike; the median of the rounds counts. Per round and path:
 - ``generate``: a fresh ``specdec generate --drafter none --json`` process; its step is the time
   after the prompt per new token (``wall_s - prefill_s``, forwards, argmax and the engine's loop),
   beside llama-server's own ``predicted_per_token_ms`` for the same prompt (its forwards, sampling
-  and loop; HTTP outside both);
+  and loop; HTTP outside both); the prompt's time per token beside it, both cold (``prefill_s``,
+  ``prompt_per_token_ms``), reported but not in the budget;
 - ``serve``: one streamed chat request to each server, alone, timed by the same client from its first
   streamed token to its last (every step, HTTP included, for both); our server's 1-row ticks also
   give their own forward time (``batch_decode_seconds`` / ``batch_ticks`` on ``/metrics``, less a
@@ -55,7 +56,8 @@ def _generate(model: str, prompt: str, tokens: int) -> dict:
     stats = json.loads(out.stdout)["stats"]
     n = stats["new_tokens"]
     return {"tokens": n, "ms_per_token": 1e3 * (stats["wall_s"] - stats["prefill_s"]) / n,
-            "forward_ms": 1e3 * stats["verify_s"] / n}
+            "forward_ms": 1e3 * stats["verify_s"] / n,
+            "prompt_ms_per_token": 1e3 * stats["prefill_s"] / stats["prompt_tokens"]}
 
 
 def _llama_server_step(server: LlamaServer, prompt_ids: list[int], tokens: int) -> dict:
@@ -63,7 +65,8 @@ def _llama_server_step(server: LlamaServer, prompt_ids: list[int], tokens: int) 
     answer = server.complete({"prompt": prompt_ids, "n_predict": tokens, "temperature": 0, "cache_prompt": False,
                               "ignore_eos": True})
     timings = answer["timings"]
-    return {"tokens": timings["predicted_n"], "ms_per_token": timings["predicted_per_token_ms"]}
+    return {"tokens": timings["predicted_n"], "ms_per_token": timings["predicted_per_token_ms"],
+            "prompt_tokens": timings["prompt_n"], "prompt_ms_per_token": timings["prompt_per_token_ms"]}
 
 
 def _streamed(url: str, model: str, prompt: str, tokens: int) -> dict:
@@ -173,6 +176,11 @@ def main() -> int:
     }
     result["generate_ratio"] = round(result["generate_ms_per_token"] / result["llama_server_ms_per_token"], 3)
     result["serve_ratio"] = round(result["serve_ms_per_token"] / result["llama_server_serve_ms_per_token"], 3)
+    # The prompt beside it, cold on both sides (not in the budget: a prompt is not a step)
+    result["prompt_tokens"] = rounds[0]["llama_server_step"]["prompt_tokens"]
+    result["generate_prompt_ms_per_token"] = median("generate", "prompt_ms_per_token")
+    result["llama_server_prompt_ms_per_token"] = median("llama_server_step", "prompt_ms_per_token")
+    result["prompt_ratio"] = round(result["generate_prompt_ms_per_token"] / result["llama_server_prompt_ms_per_token"], 3)
     result["budget"] = args.budget
     result["within_budget"] = result["generate_ratio"] <= args.budget and result["serve_ratio"] <= args.budget
     text = json.dumps(result, indent=1)
