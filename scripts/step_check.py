@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 import httpx
@@ -96,6 +97,16 @@ def _ticks(url: str) -> tuple[float, float]:
     return counters["ticks"], counters["decode_s"]
 
 
+def _with_context(request: str, problems: int) -> str:
+    """``request`` after a module of the first ``problems`` shipped HumanEval solutions (none: as it is)."""
+    if problems <= 0:
+        return request
+    rows = [json.loads(line) for line in resources.files("specdec.data").joinpath("prompts", "humaneval.jsonl")
+            .read_text(encoding="utf-8").splitlines()[:problems]]
+    code = "\n\n".join(row["prompt"] + row["canonical_solution"] for row in rows)
+    return f"Here is a Python module:\n```python\n{code}```\n\n{request}"
+
+
 def _start_ours(model: str, port: int) -> subprocess.Popen:
     log = open(f"/tmp/step-check-specdec-{port}.log", "w")
     proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "specdec"), "serve", "--model", model, "--backend",
@@ -112,13 +123,16 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--budget", type=float, default=1.03, help="the most our step may cost over llama-server's")
     parser.add_argument("--port", type=int, default=8190)
-    parser.add_argument("--prompt-file", type=Path, default=PROMPT_FILE, help="the prompt (a longer one: a longer context)")
+    parser.add_argument("--prompt-file", type=Path, default=PROMPT_FILE, help="the request")
+    parser.add_argument("--context", type=int, default=0, metavar="N",
+                        help="put the code of the first N shipped HumanEval problems (prompt and solution) before the "
+                             "request: the step at a longer context (10: about 1,700 prompt tokens)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     import specdec
 
-    prompt = args.prompt_file.read_text()
+    prompt = _with_context(args.prompt_file.read_text(), args.context)
     gguf = resolve(args.model, need_hf=False).gguf
     prompt_ids = specdec.load(args.model, backend="llamacpp").encode(prompt, chat=True)
     peer = LlamaServer(gguf, ["--parallel", str(SLOTS)], ctx=SLOTS * CELLS)  # the last --parallel counts
@@ -167,6 +181,7 @@ def main() -> int:
         "commit": subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                                  cwd=ROOT).stdout.strip(),
         "cpu": machine_tag(), "threads": usable_cpus(), "model": args.model, "tokens": args.tokens,
+        "context_problems": args.context,
         "system": lib().llama_print_system_info().decode().strip(),
         "rounds": rounds,
         "generate_ms_per_token": median("generate"), "generate_forward_ms": median("generate", "forward_ms"),
