@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=0, metavar="N",
                         help="put the code of the first N shipped HumanEval problems (prompt and solution) before the "
                              "request: the step at a longer context (10: about 1,700 prompt tokens)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="a folder for results.json, or a .json file")
     args = parser.parse_args()
 
     import specdec
@@ -200,9 +200,10 @@ def main() -> int:
     result["within_budget"] = result["generate_ratio"] <= args.budget and result["serve_ratio"] <= args.budget
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.out / "results.json", text + "\n")
+    if args.out is not None:  # a folder (its results.json) or a .json file
+        path = args.out if args.out.suffix == ".json" else args.out / "results.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text + "\n")
     return 0 if result["within_budget"] else 1
 
 
