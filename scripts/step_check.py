@@ -3,7 +3,8 @@ and through a 1-row tick of ``specdec serve --drafter none``, against stock llam
 (``make llama-peers``) on the same GGUF, prompt and machine. A regression in either shows as a ratio
 over the budget (exit status 1).
 
-    python scripts/step_check.py --out bench-results/step-check
+    python scripts/step_check.py --out bench-results/tick-costs/step-check.json
+    python scripts/step_check.py --context 10 --out bench-results/tick-costs/step-check-long.json
 
 Rounds alternate the three (``generate``, our server, llama-server), so a machine that drifts shifts
 them alike; the median of the rounds counts. Per round and path:
