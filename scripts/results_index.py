@@ -42,7 +42,8 @@ FOLDERS: dict[str, str] = {
     "loadtest-qwen": "`specdec serve` against stock llama-server under 1-16 concurrent clients",
     "loadtest-qwen-heldout": "the same load test on held-out prompts (bench-results/heldout-inputs)",
     "tick-costs": "what a shared tick costs by its layout: drafts beside other sequences' steps "
-                  "(scripts/costs.py ticks)",
+                  "(scripts/costs.py ticks); a plain step and a prompt beside stock llama-server's, at a short "
+                  "and a long context (scripts/step_check.py: step-check*.json)",
     "load-ceiling": "what drafting could give under load at most, from the tick costs and the load tests' counters, "
                     "beside servers that did the same work (scripts/ceilings.py load)",
     "loadtest-index": "serving clients that ask about the same files: the per-key index of earlier answers",
