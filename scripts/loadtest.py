@@ -427,6 +427,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the first model the server lists")
     parser.add_argument("--clients", default="1,4,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=32, help="requests per level")
+    parser.add_argument("--first", type=int, default=0, metavar="I",
+                        help="the level's requests are numbers I to I + requests - 1 (default 0): a level measured "
+                             "in parts, each part by a run of its own (loadtest_servers.sh's WAVES)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--questions", default=None,
                         help="prompt sets (spec-bench, humaneval, humaneval-edit, humaneval-files) or .jsonl files, "
@@ -443,8 +446,8 @@ def main() -> None:
                         help="write every answer (by request number, last level) as JSON, to compare servers")
     parser.add_argument("--reference", default=None, metavar="FILE",
                         help="compare every level's answers with the ones in FILE (--texts' format) instead of "
-                             "this run's first level; FILE is written with the first level's answers if missing "
-                             "(one server's levels measured by several runs)")
+                             "this run's first level; the answers to requests FILE does not have yet are added to "
+                             "it (one server's levels, or parts of them, measured by several runs)")
     parser.add_argument("--api-key", default=None,
                         help="every client sends this key (one tenant: they share its index of earlier outputs; "
                              "default: none, each request drafts from its own text alone)")
@@ -478,22 +481,25 @@ def main() -> None:
     if args.reference and os.path.exists(args.reference):
         with open(args.reference, encoding="utf-8") as f:
             reference = {int(i): t for i, t in json.load(f).items()}
+    numbers = range(args.first, args.first + args.requests)
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
-                   "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
+                   "max_tokens": args.max_tokens, "temperature": 0} for i in numbers]
         before = batch_counters(args.url, args.api_key)
         report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
                                       stream=not args.no_stream, api_key=args.api_key))
         ticks = tick_figures(before, batch_counters(args.url, args.api_key), report.wall_s)
-        texts = report.texts()
-        if reference is None:
-            reference = texts
-            if args.reference:
-                write_atomic(args.reference, json.dumps({str(i): t for i, t in sorted(texts.items())}))
-        both = [i for i in texts if i in reference]
+        texts = {numbers[i]: t for i, t in report.texts().items()}
+        both = [i for i in texts if reference is not None and i in reference]
         differ = sum(reference[i] != texts[i] for i in both)
-        print(json.dumps({"server": args.label, **report.summary(), **ticks, "differ_from_first_level": differ,
-                          "compared_with_first_level": len(both)}), flush=True)
+        new = {i: t for i, t in texts.items() if reference is None or i not in reference}
+        if new:  # the first answer to each request is the one later answers are compared with
+            reference = {**(reference or {}), **new}
+            if args.reference:
+                write_atomic(args.reference, json.dumps({str(i): t for i, t in sorted(reference.items())}))
+        line = {"server": args.label, **report.summary(), **ticks, "differ_from_first_level": differ,
+                "compared_with_first_level": len(both)}
+        print(json.dumps({**line, "first": args.first} if args.first else line), flush=True)
         if args.texts:
             write_atomic(args.texts, json.dumps({str(i): t for i, t in sorted(texts.items())}))
 

@@ -22,6 +22,11 @@
 # and seconds, latency percentiles over all their requests); every pass's own line is kept in
 # $OUT's "-passes.jsonl" sibling. Where servers do the same work, one pass compares the machine's
 # drift between their turns as much as the servers (10-30% within minutes on shared hosts).
+# With WAVES=w, the servers take turns at a finer grain: each pass of a level is measured in parts of
+# w x clients requests (requests 0..w*c-1 on every server, then the next w*c, ...; at 1 client with
+# WAVES=1, a request at a time), the servers' order rotated by one from one part to the next
+# (A B C, B C A, C A B, ...), so a slow minute of the machine falls on every server's turn alike,
+# not on one server's whole level; the parts merge as passes do (one line per part in "-passes.jsonl").
 # Output: one JSON line per server and level in $OUT; a level where any request failed has no
 # figures (they would compare servers on different requests), only how many failed and why. With
 # TICKS=DIR, each specdec server also writes every tick of its batch to DIR/<server>.jsonl
@@ -88,12 +93,13 @@ MAX_TOKENS=${MAX_TOKENS:-128}
 SLOTS=${SLOTS:-16}
 SERVERS=${SERVERS:-specdec,specdec-pair,specdec-plain,llama-server-plain,llama-server-draft}
 PASSES=${PASSES:-1}
+WAVES=${WAVES:-}
 PASS_CLIENTS=${PASS_CLIENTS:-$CLIENTS}
 PY=.venv/bin/python
 LLAMA_BIN=${SPECDEC_LLAMA_CPP_BIN:-.peers/llama.cpp/build/bin}
 mkdir -p "$(dirname "$OUT")"; : > "$OUT"
 RAW=$OUT  # where the levels' lines go as they are measured (every pass's, when there are several)
-if [ "$PASSES" -gt 1 ]; then RAW=${OUT%.jsonl}-passes.jsonl; : > "$RAW"; fi
+if [ "$PASSES" -gt 1 ] || [ -n "$WAVES" ]; then RAW=${OUT%.jsonl}-passes.jsonl; : > "$RAW"; fi
 # Where and when, first: the date, the commit (with "+dirty" if src/ or scripts/ had changes), the CPU
 # and the settings, as a line of its own (the tables read only the levels' lines).
 COMMIT="$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD -- src scripts || echo +dirty)"
@@ -101,8 +107,9 @@ $PY -c "import json, sys, datetime; from specdec.cpu import machine_tag
 print(json.dumps({'run': 'scripts/loadtest_servers.sh', 'date': datetime.datetime.now().isoformat(timespec='seconds'),
                   'commit': sys.argv[1], 'cpu': machine_tag(), 'model': sys.argv[2], 'questions': sys.argv[3],
                   'requests': int(sys.argv[4]), 'max_tokens': int(sys.argv[5]), 'slots': int(sys.argv[6]),
-                  'servers': sys.argv[7], 'passes': int(sys.argv[8]), 'pass_clients': sys.argv[9]}))" \
-    "$COMMIT" "$MODEL" "$Q" "$REQUESTS" "$MAX_TOKENS" "$SLOTS" "$SERVERS" "$PASSES" "$PASS_CLIENTS" >> "$RAW"
+                  'servers': sys.argv[7], 'passes': int(sys.argv[8]), 'pass_clients': sys.argv[9],
+                  **({'waves': int(sys.argv[10])} if sys.argv[10] else {})}))" \
+    "$COMMIT" "$MODEL" "$Q" "$REQUESTS" "$MAX_TOKENS" "$SLOTS" "$SERVERS" "$PASSES" "$PASS_CLIENTS" "$WAVES" >> "$RAW"
 GGUF=$($PY -c "from specdec.models import resolve; print(resolve('$MODEL', need_hf=False).gguf)")
 DRAFT=$($PY -c "from specdec.models import default_draft_model; print(default_draft_model('$MODEL') or '')")
 DRAFT_GGUF=""
@@ -124,17 +131,23 @@ run() {  # port label command...: start the server and wait until it answers (it
 try: wait_ready(sys.argv[1], timeout=600)
 except NotReady as exc: print(f'{sys.argv[2]}: {exc}', file=sys.stderr)" "http://127.0.0.1:$port" "$label"
 }
-measure() {  # every level on every server started, the servers' order reversed at each pass and level
-  local level i pass passes order=() n=${#LABELS[@]}
+measure() {  # every level on every server started, in turns (see the top of this file)
+  local level i j pass passes size first turn=0 order=() n=${#LABELS[@]}
   for ((i = 0; i < n; i++)); do order+=("$i"); done
   for level in ${CLIENTS//,/ }; do
     passes=1; case ",$PASS_CLIENTS," in *",$level,"*) passes=$PASSES;; esac
+    size=$REQUESTS; [ -n "$WAVES" ] && size=$((WAVES * level < REQUESTS ? WAVES * level : REQUESTS))
     for ((pass = 1; pass <= passes; pass++)); do
-      for i in "${order[@]}"; do
-        $PY scripts/loadtest.py --url "http://127.0.0.1:${PORTS[$i]}" --clients "$level" --requests "$REQUESTS" \
-            --max-tokens "$MAX_TOKENS" --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "${LABELS[$i]}" \
-            --reference "$RUNDIR/${LABELS[$i]}.json" | tee -a "$RAW" \
-          || echo "${LABELS[$i]}: no load test at $level clients (see above; the server's log: /tmp/loadtest-${LABELS[$i]}.log)" >&2
+      for ((first = 0; first < REQUESTS; first += size)); do
+        for ((j = 0; j < n; j++)); do
+          if [ -n "$WAVES" ]; then i=$(((j + turn) % n)); else i=${order[$j]}; fi
+          $PY scripts/loadtest.py --url "http://127.0.0.1:${PORTS[$i]}" --clients "$level" --first "$first" \
+              --requests "$((REQUESTS - first < size ? REQUESTS - first : size))" --max-tokens "$MAX_TOKENS" \
+              --questions "$Q" --time-limit 3600 --ready-timeout 600 --label "${LABELS[$i]}" \
+              --reference "$RUNDIR/${LABELS[$i]}.json" | tee -a "$RAW" \
+            || echo "${LABELS[$i]}: no load test at $level clients (see above; the server's log: /tmp/loadtest-${LABELS[$i]}.log)" >&2
+        done
+        turn=$((turn + 1))
       done
       local reversed=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[$i]}"); done
       order=("${reversed[@]}")

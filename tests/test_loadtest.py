@@ -87,6 +87,29 @@ def test_levels_measured_by_separate_runs_compare_answers_with_one_reference(mon
     assert changed["differ_from_first_level"] == 1 and changed["compared_with_first_level"] == 4
 
 
+def test_a_level_measured_in_parts_numbers_its_requests_and_compares_each_with_its_first_answer(
+        monkeypatch, capsys, tmp_path):
+    """loadtest_servers.sh's WAVES: a level in parts, each a run of its own. A part's requests are
+    the numbers it was given (prompt i of the mixed list), and each answer is compared with the
+    first answer to that request number, whichever part or level gave it."""
+    reference = tmp_path / "ref.json"
+    with serving(fake_server()) as url:
+        first, = run_main(monkeypatch, capsys, url, "--clients", "1", "--requests", "2", "--reference", str(reference),
+                          "--questions", "humaneval")
+        second, = run_main(monkeypatch, capsys, url, "--clients", "1", "--first", "2", "--requests", "2",
+                           "--reference", str(reference), "--questions", "humaneval")
+        answers = json.loads(reference.read_text())
+        assert sorted(answers) == ["0", "1", "2", "3"] and "first" not in first and second["first"] == 2
+        assert first["compared_with_first_level"] == second["compared_with_first_level"] == 0
+        prompts = loadtest.mixed_prompts(["humaneval"])
+        assert answers["3"] == "echo: " + prompts[3] + " " and answers["3"] != answers["1"]
+        answers["3"] = "another answer"
+        reference.write_text(json.dumps(answers))
+        later, = run_main(monkeypatch, capsys, url, "--clients", "2", "--first", "2", "--requests", "2",
+                          "--reference", str(reference), "--questions", "humaneval")
+    assert later["compared_with_first_level"] == 2 and later["differ_from_first_level"] == 1
+
+
 def test_a_level_with_failed_requests_gives_no_figures(monkeypatch, capsys):
     """Figures over the answered requests alone would compare servers on different work."""
     with serving(fake_server(fails=lambda n: n > 1 and n % 5 == 0)) as url:  # n = 1: the readiness check
