@@ -24,6 +24,10 @@ Where the server counts its batch's ticks on ``/metrics`` (``specdec serve`` wit
 level also reports what its ticks held (:func:`tick_figures`): sequences, draft rows and accepted
 draft tokens per tick, ticks per generated token, and the share of ticks that verified no draft.
 
+Each level also reports the share of the machine's CPU time its hypervisor took meanwhile
+(``steal_share``, from ``/proc/stat``; :func:`steal_figures`): on a shared virtual machine, the
+main reason two identical servers measured one after the other differ.
+
 Each level's line keeps its requests' latencies and tokens, so that several passes of the same
 levels merge into one line per server and level (``--merge FILE``, :func:`merge_passes`).
 
@@ -268,6 +272,29 @@ def tick_figures(before: dict[str, float] | None, after: dict[str, float] | None
     return figures
 
 
+def cpu_times() -> dict[str, int] | None:
+    """The machine's CPU time so far, in clock ticks over all its CPUs (``/proc/stat``): ``steal``,
+    the time a hypervisor ran something else on our virtual CPUs, and ``total`` (None where the
+    system keeps no such file)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is already counted in user)
+    return {"steal": fields[7] if len(fields) > 7 else 0, "total": sum(fields[:8])}
+
+
+def steal_figures(before: dict[str, int] | None, after: dict[str, int] | None) -> dict:
+    """The share of the machine's CPU time its hypervisor took while a level ran (``steal_share``):
+    a server loses that share of its speed and more (a stolen thread stalls the other at every
+    barrier of a forward), so two servers that do the same work differ by it. Empty where unknown."""
+    if before is None or after is None or after["total"] <= before["total"]:
+        return {}
+    steal, total = after["steal"] - before["steal"], after["total"] - before["total"]
+    return {"cpu_ticks": {"steal": steal, "total": total}, "steal_share": round(steal / total, 4)}
+
+
 def merge_passes(lines: list[dict]) -> list[dict]:
     """One line per server and level from several passes of the same levels (``loadtest_servers.sh``
     with ``PASSES``, the servers' order reversed from one pass to the next, so a machine that
@@ -309,6 +336,10 @@ def _merged(passes: list[dict]) -> dict:
                  "tokens": tokens, "latencies_s": latencies, "ttfts_s": ttfts,
                  "tokens_per_s_by_pass": [p["tokens_per_s"] for p in passes],
                  "p95_s_by_pass": [p["p95_s"] for p in passes]})
+    if all("cpu_ticks" in p for p in passes):
+        line.update(steal_figures({"steal": 0, "total": 0}, {key: sum(p["cpu_ticks"][key] for p in passes)
+                                                             for key in ("steal", "total")}))
+        line["steal_share_by_pass"] = [p["steal_share"] for p in passes]
     if all("counts" in p and set(TICK_COUNTERS) <= set(p["counts"]) for p in passes):
         counts = {key: sum(p["counts"][key] for p in passes) for key in TICK_COUNTERS}
         line.update(tick_figures(dict.fromkeys(TICK_COUNTERS, 0), counts, line["wall_s"]))
@@ -485,9 +516,10 @@ def main() -> None:
     for clients in (int(c) for c in args.clients.split(",")):
         bodies = [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                    "max_tokens": args.max_tokens, "temperature": 0} for i in numbers]
-        before = batch_counters(args.url, args.api_key)
+        before, cpu = batch_counters(args.url, args.api_key), cpu_times()
         report = asyncio.run(run_load(args.url, bodies, clients, args.time_limit, "/v1/chat/completions",
                                       stream=not args.no_stream, api_key=args.api_key))
+        steal = steal_figures(cpu, cpu_times())
         ticks = tick_figures(before, batch_counters(args.url, args.api_key), report.wall_s)
         texts = {numbers[i]: t for i, t in report.texts().items()}
         both = [i for i in texts if reference is not None and i in reference]
@@ -497,7 +529,7 @@ def main() -> None:
             reference = {**(reference or {}), **new}
             if args.reference:
                 write_atomic(args.reference, json.dumps({str(i): t for i, t in sorted(reference.items())}))
-        line = {"server": args.label, **report.summary(), **ticks, "differ_from_first_level": differ,
+        line = {"server": args.label, **report.summary(), **ticks, **steal, "differ_from_first_level": differ,
                 "compared_with_first_level": len(both)}
         print(json.dumps({**line, "first": args.first} if args.first else line), flush=True)
         if args.texts:

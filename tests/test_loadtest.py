@@ -285,6 +285,21 @@ def test_passes_of_a_level_merge_into_one_line_over_all_their_requests():
     assert loadtest.merge_passes([lines[1]]) == [lines[1]]
 
 
+def test_a_level_reports_the_share_of_cpu_time_the_hypervisor_took_and_passes_merge_it():
+    """Steal: the host ran something else on our virtual CPUs; passes merge it over all their ticks."""
+    assert loadtest.steal_figures({"steal": 10, "total": 1000}, {"steal": 60, "total": 2000}) == {
+        "cpu_ticks": {"steal": 50, "total": 1000}, "steal_share": 0.05}
+    assert loadtest.steal_figures(None, {"steal": 0, "total": 1}) == {}
+    now = loadtest.cpu_times()
+    assert now is None or (0 <= now["steal"] <= now["total"] and now["total"] > 0)
+    a = {**_pass("a", 100, 10.0, [1.0] * 4), **loadtest.steal_figures({"steal": 0, "total": 0},
+                                                                      {"steal": 10, "total": 100})}
+    b = {**_pass("a", 100, 10.0, [1.0] * 4), **loadtest.steal_figures({"steal": 0, "total": 0},
+                                                                      {"steal": 50, "total": 300})}
+    merged, = loadtest.merge_passes([a, b])
+    assert merged["steal_share"] == 0.15 and merged["steal_share_by_pass"] == [0.1, 0.1667]
+
+
 def test_a_level_with_a_failed_pass_has_no_merged_figures():
     failed = {"server": "a", "clients": 4, "requests": 4, "answered": 3, "failures": 1, "retried": 0, "wall_s": 9.0,
               "figures": None, "errors": ["0: ReadTimeout"]}
