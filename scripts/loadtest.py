@@ -25,8 +25,8 @@ level also reports what its ticks held (:func:`tick_figures`): sequences, draft 
 draft tokens per tick, ticks per generated token, and the share of ticks that verified no draft.
 
 Each level also reports the share of the machine's CPU time its hypervisor took meanwhile
-(``steal_share``, from ``/proc/stat``; :func:`steal_figures`): on a shared virtual machine, the
-main reason two identical servers measured one after the other differ.
+(``steal_share``, from ``/proc/stat``; :func:`steal_figures`), so a run can tell whether a gap
+between two servers doing the same work was the host taking the CPUs or something else.
 
 Each level's line keeps its requests' latencies and tokens, so that several passes of the same
 levels merge into one line per server and level (``--merge FILE``, :func:`merge_passes`).
@@ -288,7 +288,7 @@ def cpu_times() -> dict[str, int] | None:
 def steal_figures(before: dict[str, int] | None, after: dict[str, int] | None) -> dict:
     """The share of the machine's CPU time its hypervisor took while a level ran (``steal_share``):
     a server loses that share of its speed and more (a stolen thread stalls the other at every
-    barrier of a forward), so two servers that do the same work differ by it. Empty where unknown."""
+    barrier of a forward). Empty where unknown."""
     if before is None or after is None or after["total"] <= before["total"]:
         return {}
     steal, total = after["steal"] - before["steal"], after["total"] - before["total"]
