@@ -165,7 +165,10 @@ class SharedSequences:
         self.offered = 0  # draft rows offered to the ticks' choice, and how many of them it took
         self.taken = 0
         self.drafting_ticks = 0  # ticks that verified a draft row
-        self.paused = 0  # steps taken without an offer, paused after shared ticks declined (OfferPause)
+        # Steps taken without an offer, paused after shared ticks declined (OfferPause), by slot:
+        # each slot's request thread counts its own, without the lock every tick's submissions
+        # and wake-ups queue for (the count came between a paused step and its submission).
+        self._paused = [0] * slots
         self.forwards = 0  # the forwards llama.cpp split the ticks into
         self.placeholders = 0  # rows put in gaps between the ticks' sequence ids (see _holes)
         self.trace: list | None = None  # (rows per submission, seconds) per tick, when a list
@@ -206,10 +209,15 @@ class SharedSequences:
             self.budget.drop(slot)
             self._free.append(slot)
 
-    def count_paused(self) -> None:
-        """A sequence steps without an offer, paused (the counter; request threads call it at once)."""
-        with self._cond:
-            self.paused += 1
+    def count_paused(self, slot: int) -> None:
+        """The sequence on ``slot`` steps without an offer, paused (called by that slot's request
+        thread only, so no lock)."""
+        self._paused[slot] += 1
+
+    @property
+    def paused(self) -> int:
+        """Steps taken without an offer, paused after shared ticks declined them."""
+        return sum(self._paused)
 
     def others(self, slot: int) -> int:
         """Rows the other running sequences put in the last tick (each at least one)."""
@@ -594,7 +602,7 @@ class SequenceBackend(LlamaCppSequence):
         """No offer while paused (:class:`~specdec.policies.goodput.OfferPause`)."""
         if self._pause.wants_offer():
             return True
-        self.shared.count_paused()
+        self.shared.count_paused(self.slot)
         return False
 
     def _run_batch(self, tokens: Sequence[int], positions: list[int], seq_ids: list[list[int]],
