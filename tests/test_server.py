@@ -117,6 +117,22 @@ def test_models_health_and_metrics(served, client, tiny):
     assert float(drafts[0].split()[-1]) > 0
 
 
+def test_the_request_counter_counts_streamed_refused_and_unknown_requests_by_status(served, http, tiny):
+    def counted(endpoint: str, status: str) -> float:
+        key = f'specdec:requests_total{{endpoint="{endpoint}",status="{status}"}}'
+        lines = [line for line in http.get("/metrics").text.splitlines() if line.startswith(key)]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    before = [counted("/v1/chat/completions", "200"), counted("/v1/chat/completions", "400"), counted("other", "404")]
+    with http.stream("POST", "/v1/chat/completions", json={
+            "model": tiny.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}) as r:
+        assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    assert http.post("/v1/chat/completions", json={"model": tiny.name, "messages": []}).status_code == 400
+    assert http.get("/v1/nowhere").status_code == 404
+    after = [counted("/v1/chat/completions", "200"), counted("/v1/chat/completions", "400"), counted("other", "404")]
+    assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
+
+
 @pytest.mark.parametrize("body, status, words", [
     (b"{not json", 400, "not valid JSON"),
     (b"[]", 400, ""),
