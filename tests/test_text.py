@@ -59,7 +59,8 @@ def _follow(codec: TextCodec, ids: list[int], steps: list[int], stops: list[str]
     deltas, shown, end = TextDeltas(codec, StopStrings(stops, codec)), [], 0
     for size in steps:
         end = min(len(ids), end + size)
-        assert deltas._text_of(ids[:end]) == codec.decode(ids[:end]), ids[:end]
+        if codec.decodes_by_token:
+            assert deltas._text_of(ids[:end]) == codec.decode(ids[:end]), ids[:end]
         shown.append(deltas.update(ids[:end], end == len(ids)))
         if end == len(ids):
             break
@@ -87,6 +88,11 @@ def test_streamed_text_is_the_whole_outputs_text_at_every_step(kind, data):
     _follow(codec, ids, steps, stops)
 
 
+def test_only_decoders_that_join_token_texts_decode_a_window():
+    assert _codec("byte-level BPE").decodes_by_token and _codec("sentencepiece").decodes_by_token
+    assert not _codec("clean-up spaces").decodes_by_token  # "the ' brown" decodes to "the'brown"
+
+
 def test_a_character_split_over_tokens_is_held_back_until_whole():
     codec = _codec("sentencepiece")
     ids = codec.tokenizer("日本語 🙂", add_special_tokens=False)["input_ids"]
@@ -105,6 +111,7 @@ def test_streamed_text_of_real_tokenizers_is_the_whole_outputs_text(alias):
     from specdec.models import resolve
 
     codec = TextCodec(AutoTokenizer.from_pretrained(resolve(alias, need_hf=False).tokenizer_dir))
+    assert codec.decodes_by_token
     text = "".join(TEXTS) + "\n\n```python\nprint('héllo')\n```\n"
     ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
     special = codec.tokenizer.all_special_ids[:2]

@@ -3,12 +3,21 @@ strings, and what part of a growing text is safe to show while streaming."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from specdec.errors import SpecdecError
 
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 sequence to
+# The tokenizers decoders whose output is each token's text joined, edited only at a token's edges
+# (a sequence's first space, bytes fused into characters).
+TOKENWISE_DECODERS = frozenset({"ByteLevel", "Metaspace", "Replace", "ByteFallback", "Fuse", "Strip"})
+# How far from a text's end a clean-up of spaces can still change it once more tokens follow:
+# its rules (" ." to ".", " ' " to "'", " n't" to "n't", ...) drop a space at most 3 characters
+# before the end of a match, which is not complete yet.
+CLEAN_UP_REACH = 3
 
 
 class TextCodec:
@@ -28,6 +37,22 @@ class TextCodec:
         if self._vocab is None:
             self._vocab = self.tokenizer.get_vocab()
         return self._vocab
+
+    @functools.cached_property
+    def decodes_by_token(self) -> bool:
+        """Whether a text decodes as its tokens' texts joined, with edits only inside a token's
+        neighbourhood (byte-level BPE, SentencePiece's metaspace and byte fallback), so a stream can
+        decode its new tokens alone (:class:`TextDeltas`). Not with a clean-up of spaces before
+        punctuation (WordPiece's, or transformers' ``clean_up_tokenization_spaces``), which rewrites
+        "the ' brown" to "the'brown" across tokens already shown."""
+        if getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return False
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a slow (Python) tokenizer: its decoding is not known here
+            return False
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+        parts = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+        return bool(parts) and all(part.get("type") in TOKENWISE_DECODERS for part in parts)
 
     def same_vocabulary(self, other: TextCodec) -> bool:
         return self is other or self.vocab == other.vocab
@@ -167,8 +192,11 @@ class TextDeltas:
             text = self.stops.visible(self.codec.final_text(ids))
             ready = len(text)
         else:
-            text = self.stops.visible(self._text_of(ids))
+            tokenwise = self.codec.decodes_by_token
+            text = self.stops.visible(self._text_of(ids) if tokenwise else self.codec.decode(ids))
             ready = self.stops.safe_length(text)
+            if not tokenwise:  # a clean-up may still drop a space this close to the end
+                ready = max(0, min(ready, len(text) - CLEAN_UP_REACH))
         delta = text[self.shown:ready]
         self.shown = max(self.shown, ready)
         return delta
@@ -181,8 +209,8 @@ class TextDeltas:
         The new tokens are decoded after a window of tokens already shown, and their text is what
         the window's decoding adds to the window's own: a tokenizer that strips a sequence's first
         space or joins bytes across tokens does so inside the window, as in the whole decoding.
-        Where the window's text does not begin with its known part (a clean-up rule that rewrote
-        across the boundary), the whole output is decoded instead."""
+        Only for a codec that :attr:`~TextCodec.decodes_by_token`; where the window's text still
+        does not begin with its known part, the whole output is decoded instead."""
         ids = list(ids)
         if len(ids) < self._read:  # not the output this followed: start over
             self._text, self._context, self._read = "", 0, 0
