@@ -62,13 +62,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 # Serving first (ours with and without drafting, then transformers' continuous batching, each warmed
 # at every level's shape), then one request at a time while time is left. The check stops its
 # servers when the time limit's SIGTERM comes; a check that does not end 20 s later is killed.
-PYTHONPATH="$S/py" timeout -k 20 390 python3 scripts/gpu_check.py --device cuda --parts serve,serve-peers,smollm2 \
-  --budget-s 300 --budget-s-serve 150 --ready-s 150 --level-limit-s 60 --methods plain,ngram,hf-static \
+# transformers' continuous batching takes about 170 s to start (its compile; 2026-12-04), ours about 110 s
+# for both servers' levels: the serve part gets 320 s of the 440.
+PYTHONPATH="$S/py" timeout -k 20 440 python3 scripts/gpu_check.py --device cuda --parts serve,serve-peers,smollm2 \
+  --budget-s 400 --budget-s-serve 320 --ready-s 200 --level-limit-s 60 --methods plain,ngram,hf-static \
   --smollm2 "$S/smollm2.gguf" \
   --code "$code" --out "$out/gpu-check-smollm2" "$@" >"$out/gpu-check-smollm2.log" 2>&1 || echo "smollm2 part: exit $?"
 grep -v 'it/s]' "$out/gpu-check-smollm2.log" | grep -v Warning | tail -40
 if [ -n "$WITH_ARCH" ]; then  # the architectures too, in the same call (no second start)
-  timeout -k 20 150 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --attention paged \
+  timeout -k 20 100 python3 scripts/gpu_check.py --device cuda --parts arch --archs qwen2.5-coder-1.5b --attention paged \
     --code "$code" --out "$out/gpu-check-arch" >"$out/gpu-check-arch.log" 2>&1 || echo "arch part: exit $?"
   grep -v Warning "$out/gpu-check-arch.log" | tail -5
 fi

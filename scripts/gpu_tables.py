@@ -162,6 +162,9 @@ def serve(folder: Path = FOLDER) -> str:
     if "transformers-cb" not in s:
         notes.append("transformers' continuous batching: not measured in this run (its warm-up ran out of memory "
                      "with its default KV sizing; scripts/gpu_check.py hf-cb-server now sizes it).")
+    for cut in s.get("cut_short", []):  # levels the part's time budget left out are "-" above, said here
+        ready = s.get("transformers_cb_ready_s") if cut.startswith("transformers-cb") else None
+        notes.append(f"Cut short: {cut}" + (f" (its server took {_n(ready, 0)} s to start)." if ready else "."))
     engine = ("every running request's rows in one padded forward a tick, replayed from a CUDA graph, over a "
               "paged KV pool, kernels compiled by torch.compile")
     return (f"{_machine(report, engine)}; SmolLM2-135M, {s['slots']} slots, {s['requests']} chat requests a level "
