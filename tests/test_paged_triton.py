@@ -217,6 +217,19 @@ def test_the_kernels_give_their_split_order_bit_for_bit_and_the_naive_attention_
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_long_sequence_combines_more_splits_than_one_unrolled_pass_in_split_order(dtype):
+    """The combine reads its splits several at a time (``UNROLL``): sequences holding 9 and 10 splits
+    (two passes, the second mostly past the sequence; the ninth split holds one key) and exactly 8
+    (one full pass) sum in the split order, bit for bit."""
+    q, keys, values, meta = _case(4, dtype, starts=[8 * pa.SPLIT - ROWS + 1, 600, 8 * pa.SPLIT - ROWS],
+                                  table_pages=PAGES - 1)
+    assert [-(-(int(s) + ROWS) // pa.SPLIT) for s in meta.start] == [9, 10, 8]
+    got = _kernel(q, keys, values, meta)
+    want = _split_order(q, keys, values, meta)
+    assert torch.equal(got, want), f"max diff {(got.double() - want.double()).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_static_cache_gives_the_pools_bits(dtype):
     q, keys, values, meta = _case(2, dtype)
     s = 1

@@ -4,7 +4,7 @@ Top-level functions, so that ``torch.compile`` can compile them in its worker pr
 made inside a function cannot be found there). Two launches a layer: :func:`split_kernel`, one
 program per (sequence, key-value head, split of ``SPLIT_SIZE`` keys), walks the held pages of its
 split with an online softmax; :func:`combine_kernel`, one program per (sequence, key-value head,
-block of query rows), sums the splits in order by their softmax statistics and writes the output
+block of query rows, block of dimensions), sums the splits in order by their softmax statistics and writes the output
 in the layout transformers wants (``[B, R, heads, d]``). Splits past a sequence's length are
 neither computed nor read.
 """
@@ -78,9 +78,11 @@ def split_kernel(Q, K, V, TABLE, START, BLOCK, POS, ACC, TOP, TOTAL,
 @triton.jit
 def combine_kernel(ACC, TOP, TOTAL, START, OUT, splits, sob, sor, soh,
                    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, D: tl.constexpr,
-                   M: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_SIZE: tl.constexpr):
+                   M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_SIZE: tl.constexpr,
+                   UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     block = tl.program_id(1)
+    part = tl.program_id(2)
     b = pid // KV_HEADS
     h = pid % KV_HEADS
     # The splits the sequence holds keys in, in order (the others were not written): the same sums
@@ -88,20 +90,29 @@ def combine_kernel(ACC, TOP, TOTAL, START, OUT, splits, sob, sor, soh,
     used = (tl.load(START + b).to(tl.int32) + R + SPLIT_SIZE - 1) // SPLIT_SIZE
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     real = rows < GROUP * R
-    dims = tl.arange(0, D)
+    dims = part * BLOCK_D + tl.arange(0, BLOCK_D)
     base = (b * KV_HEADS + h) * splits
+    # Splits in order, UNROLL at a time: the unrolled loads do not wait on one another, where a loop
+    # of one split a pass waited a memory latency per split (a long sequence's 32 splits made the
+    # step after 2,000 tokens 1.37x the short one on an H200). A split past ``used`` adds exactly
+    # nothing (its share is exp(-inf) = 0 times loads of 0), so every sum is the one-split loop's, bit for bit.
     best = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(0, used):
-        best = tl.maximum(best, tl.load(TOP + (base + s) * M + rows, mask=real, other=float("-inf")))
+    none = tl.zeros([BLOCK_M], tl.int32)
+    for first in range(0, used, UNROLL):
+        for j in tl.static_range(UNROLL):
+            held = real & (none + first + j < used)
+            best = tl.maximum(best, tl.load(TOP + (base + first + j) * M + rows, mask=held, other=float("-inf")))
     safe = tl.where(best == float("-inf"), 0.0, best)
-    num = tl.zeros([BLOCK_M, D], tl.float32)
+    num = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(0, used):
-        at = base + s
-        share = tl.exp(tl.load(TOP + at * M + rows, mask=real, other=float("-inf")) - safe)
-        den += share * tl.load(TOTAL + at * M + rows, mask=real, other=0.0)
-        num += share[:, None] * tl.load(ACC + at * M * D + rows[:, None] * D + dims[None, :],
-                                        mask=real[:, None], other=0.0)
+    for first in range(0, used, UNROLL):
+        for j in tl.static_range(UNROLL):
+            at = base + first + j
+            held = real & (none + first + j < used)
+            share = tl.exp(tl.load(TOP + at * M + rows, mask=held, other=float("-inf")) - safe)
+            den += share * tl.load(TOTAL + at * M + rows, mask=held, other=0.0)
+            num += share[:, None] * tl.load(ACC + at * M * D + rows[:, None] * D + dims[None, :],
+                                            mask=held[:, None], other=0.0)
     out = num / tl.maximum(den, 1e-30)[:, None]
     g = rows // R
     r = rows % R
