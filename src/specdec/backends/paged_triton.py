@@ -4,8 +4,8 @@ Top-level functions, so that ``torch.compile`` can compile them in its worker pr
 made inside a function cannot be found there). Two launches a layer: :func:`split_kernel`, one
 program per (sequence, key-value head, split of ``SPLIT_SIZE`` keys), walks the held pages of its
 split with an online softmax; :func:`combine_kernel`, one program per (sequence, key-value head,
-block of query rows, block of dimensions), sums the splits in order by their softmax statistics and writes the output
-in the layout transformers wants (``[B, R, heads, d]``). Splits past a sequence's length are
+block of query rows, block of dimensions), sums the splits in order by their softmax statistics
+and writes the output in the layout transformers wants (``[B, R, heads, d]``). Splits past a sequence's length are
 neither computed nor read.
 """
 
@@ -93,14 +93,15 @@ def combine_kernel(ACC, TOP, TOTAL, START, OUT, splits, sob, sor, soh,
     dims = part * BLOCK_D + tl.arange(0, BLOCK_D)
     base = (b * KV_HEADS + h) * splits
     # Splits in order, UNROLL at a time: the unrolled loads do not wait on one another, where a loop
-    # of one split a pass waited a memory latency per split (a long sequence's 32 splits made the
-    # step after 2,000 tokens 1.37x the short one on an H200). A split past ``used`` adds exactly
-    # nothing (its share is exp(-inf) = 0 times loads of 0), so every sum is the one-split loop's, bit for bit.
+    # of one split a pass waits a memory latency per split (32 of them for the 1.5B after 2,000
+    # tokens, where an H200 measured the step 1.37x the short one's with that loop). A split past
+    # ``used`` adds exactly nothing (its share is exp(-inf) = 0, times loads of 0), so every sum is
+    # the one-split loop's, bit for bit.
     best = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    none = tl.zeros([BLOCK_M], tl.int32)
+    zero = tl.zeros([BLOCK_M], tl.int32)
     for first in range(0, used, UNROLL):
         for j in tl.static_range(UNROLL):
-            held = real & (none + first + j < used)
+            held = real & (zero + first + j < used)
             best = tl.maximum(best, tl.load(TOP + (base + first + j) * M + rows, mask=held, other=float("-inf")))
     safe = tl.where(best == float("-inf"), 0.0, best)
     num = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -108,7 +109,7 @@ def combine_kernel(ACC, TOP, TOTAL, START, OUT, splits, sob, sor, soh,
     for first in range(0, used, UNROLL):
         for j in tl.static_range(UNROLL):
             at = base + first + j
-            held = real & (none + first + j < used)
+            held = real & (zero + first + j < used)
             share = tl.exp(tl.load(TOP + at * M + rows, mask=held, other=float("-inf")) - safe)
             den += share * tl.load(TOTAL + at * M + rows, mask=held, other=0.0)
             num += share[:, None] * tl.load(ACC + at * M * D + rows[:, None] * D + dims[None, :],
