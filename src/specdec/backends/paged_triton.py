@@ -5,8 +5,8 @@ made inside a function cannot be found there). Two launches a layer: :func:`spli
 program per (sequence, key-value head, split of ``SPLIT_SIZE`` keys), walks the held pages of its
 split with an online softmax; :func:`combine_kernel`, one program per (sequence, key-value head,
 block of query rows, block of dimensions), sums the splits in order by their softmax statistics
-and writes the output in the layout transformers wants (``[B, R, heads, d]``). Splits past a sequence's length are
-neither computed nor read.
+and writes the output in the layout transformers wants (``[B, R, heads, d]``). Splits past a
+sequence's length are neither computed nor read.
 """
 
 from __future__ import annotations
