@@ -61,6 +61,8 @@ PROMPTS = {
 # The README table's runs and how long `make results` took: named by the workloads themselves.
 GENERATED = {Path(w.folder).name: f"README table: {w.name}" for w in readme_results.WORKLOADS}
 GENERATED["make-results"] = "how long `make results` took, per workload (scripts/readme_results.py)"
+GENERATED["readme-editing"] += ("; aider.json: aider's whole-file edit through specdec serve and stock llama-server "
+                                "(scripts/aider_check.py)")
 GENERATED["make-test"] = "`make test` from a fresh clone: setup, the suite, where its time goes (tests/suite_time.py)"
 
 
