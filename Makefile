@@ -21,9 +21,7 @@ MAKEFLAGS += -j4
 
 # llama.cpp as specdec runs it: the llama.cpp source inside llama-cpp-python's sdist with specdec's
 # kernel patch (patches/llama.cpp: multi-row matmul kernels that give every row the one-row kernel's
-# bits, and the self-test that checks it on this CPU at load; an attention kernel for the exact
-# kernels' caches whose rows, as the one-row kernel's, depend on their own cells alone, V converted
-# once for all the query heads of a KV head and multiplied in a GEMM; the stock library still works, with
+# bits, and the self-test that checks it on this CPU at load; the stock library still works, with
 # exact decoding capped at 3 rows a micro-batch). Built without llamafile's tinyBLAS kernels: with
 # them a k-token forward rounds differently from k one-token forwards; without the multimodal
 # library (mtmd: llama-cpp-python imports it only for image chat, which specdec never uses). The same sdist, unpatched,

@@ -8,13 +8,7 @@ a near-tie. **Exact** kernels (:data:`EXACT`) avoid every batch-shape-dependent 
 forward equals k one-token forwards bit for bit, also with other sequences in the batch: a build
 without llamafile (``CMAKE_ARGS=-DGGML_LLAMAFILE=OFF``), ``GGML_CPU_TILED_MM=0``, and flash
 attention with K and V caches of *different* types (q8_0 K, f16 V), which keeps every row on the
-per-row reference kernel that skips masked cells. specdec's patched build runs such caches through
-its own attention kernel (``patches/llama.cpp/specdec-exact-attention.patch``): a row's unmasked
-cells, in cache order, are taken 64 at a time, scored by the reference kernel's dot product, and
-their V converted once for all the query heads of their KV head (and the rows of a prompt or a
-draft chain) and multiplied in a SIMD GEMM; a row's result still depends on its own query and cells
-alone (not on the batch, nor on masked cells between its own), where the reference kernel paid an
-f16 multiply-add of V per cell, row and head.
+per-row reference kernel that skips masked cells.
 
 The matrix multiplications themselves: ``make setup`` builds llama.cpp with specdec's kernel patch
 (``patches/llama.cpp``), whose multi-row kernels give every row the one-row kernel's bits at the
