@@ -61,7 +61,8 @@ $(LLAMA_SDIST):
 	curl -sSfL -o $@.part $(LLAMA_SDIST_URL)
 	echo "$(LLAMA_SDIST_SHA256)  $@.part" | sha256sum -c --quiet && mv $@.part $@
 
-$(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES)
+# The folder too: a patch removed leaves the others older than the stamp, but changes the folder.
+$(LLAMA_SRC)/.patched: $(LLAMA_SDIST) $(LLAMA_PATCHES) patches/llama.cpp
 	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
 	tar -xzf $(LLAMA_SDIST) -C $(LLAMA_SRC) --strip-components=1
 	for p in $(LLAMA_PATCHES); do patch -p1 -s -d $(LLAMA_SRC)/vendor/llama.cpp < $$p || exit 1; done
