@@ -16,10 +16,10 @@ the edit landed (the file equals the expected one), and the ratio of the medians
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -31,6 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from loadtest import NotReady, wait_ready  # noqa: E402
+
+from specdec.commands.bench import provenance  # noqa: E402
+from specdec.cpu import machine_tag  # noqa: E402
+from specdec.models import resolve  # noqa: E402
 
 # The function of examples/edit_function.txt in a module of its own: 48 lines.
 MODULE = '''"""Text wrapping for plain-text reports."""
@@ -85,13 +89,6 @@ def wrap_text(s: str, **options) -> str:
 EXPECTED = re.sub(r"\bw\b", "width", MODULE)  # `w` is the only one-letter name `w` in the module
 MESSAGE = ("Rename the parameter `w` of `wrap` to `width`, everywhere it is used, and change nothing else.")
 FILE = "textwrap_report.py"
-
-
-def _gguf(model: str) -> str:
-    out = subprocess.run([str(ROOT / ".venv/bin/python"), "-c",
-                          f"from specdec.models import resolve; print(resolve({model!r}, need_hf=False).gguf)"],
-                         check=True, capture_output=True, text=True, cwd=ROOT)
-    return out.stdout.strip()
 
 
 SERVERS = ("specdec", "llama-server-plain", "llama-server-ngram-simple", "llama-server-ngram-mod")
@@ -166,7 +163,7 @@ def main() -> int:
     labels = list(dict.fromkeys(["specdec", "llama-server-plain", *args.servers.split(",")]))
     if unknown := [label for label in labels if label not in SERVERS]:
         sys.exit(f"unknown servers {', '.join(unknown)}: choose from {', '.join(SERVERS)}")
-    gguf = _gguf(args.model)
+    gguf = str(resolve(args.model, need_hf=False).gguf)
     calls: dict[str, list[dict]] = {label: [] for label in labels}
     root = Path(tempfile.mkdtemp(prefix="aider-check-"))
     for r in range(args.rounds):
@@ -198,13 +195,8 @@ def main() -> int:
     medians = {k: statistics.median(c["seconds"] for c in v) for k, v in calls.items()}
     phases = {k: {p: round(statistics.median(c[p] for c in v), 2) for p in ("prompt_s", "decode_s", "outside_s")}
               for k, v in calls.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src", "scripts"], cwd=ROOT).returncode != 0
     aider_version = subprocess.run([args.aider, "--version"], capture_output=True, text=True).stdout.strip()
-    from specdec.cpu import machine_tag
-    record = {"run": "scripts/aider_check.py", "date": datetime.datetime.now(datetime.timezone.utc)
-              .strftime("%Y-%m-%d %H:%M UTC"), "commit": commit + ("+dirty" if dirty else ""), "cpu": machine_tag(),
+    record = {**provenance(), "command": "scripts/aider_check.py " + shlex.join(sys.argv[1:]), "cpu": machine_tag(),
               "model": args.model, "aider": aider_version, "message": MESSAGE, "file_lines": MODULE.count("\n"),
               "calls": calls, "median_s": medians, "median_phases": phases,
               "all_landed": all(c["landed"] for v in calls.values() for c in v),
