@@ -479,26 +479,27 @@ def smollm2(args, device: str, dtype_name: str, t0: float, save, report: dict) -
 # check ends (a part's failure, the device call's time limit sending SIGTERM, Ctrl-C).
 _STARTED: list = []
 _STOP_SIGNALS = (15, 2, 1)  # SIGTERM (the device call's time limit), SIGINT, SIGHUP
+# A stop signal that came while a server was starting, kept for when it is on the list. Blocking the
+# signals is not enough: torch's threads leave them unblocked, the kernel hands the signal to one of
+# them, and Python runs the handler in the main thread anywhere, inside Popen too.
+_STARTING: list[bool] = []
+_PENDING: list[int] = []
 
 
 def _server(command: list[str], log: Path) -> "subprocess.Popen":
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # A process group of its own: stopping it stops whatever it started too. Signals wait until it
-    # is on the list (a SIGTERM between its start and then would leave it running).
-    import signal
-
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    # A process group of its own: stopping it stops whatever it started too.
+    _STARTING.append(True)
     try:
-        # The child inherits the blocked mask through exec: unblocked in it, or it ignores SIGTERM and
-        # every stop waits out the grace period for its SIGKILL.
         process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                   start_new_session=True,
-                                   preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS))
+                                   start_new_session=True)
         _STARTED.append(process)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _STARTING.clear()
+    if _PENDING:
+        _stop_all(_PENDING[0])
     return process
 
 
@@ -506,7 +507,9 @@ def _stop(process, grace_s: float = 30) -> None:
     """Stop ``process`` and its group: SIGTERM, then SIGKILL after ``grace_s`` seconds."""
     import signal
 
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+    # Both waits are timed: an untimed wait holds the Popen's lock, and a stop signal's handler
+    # waiting on the same process inside it would never get it.
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30)):
         try:
             os.killpg(process.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -522,7 +525,10 @@ def _stop(process, grace_s: float = 30) -> None:
 
 def _stop_all(*_signal) -> None:
     """Stop every server still running; as a signal handler, then end the check (its report was
-    saved after its last step)."""
+    saved after its last step). A signal while a server is starting waits until it is listed."""
+    if _signal and _STARTING:
+        _PENDING.append(_signal[0])
+        return
     for process in list(_STARTED):
         _stop(process, grace_s=5)
     if _signal:

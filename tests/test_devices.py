@@ -248,9 +248,9 @@ def test_a_gpu_check_cut_short_stops_every_server_it_started(tmp_path):
 
 
 def test_a_server_the_gpu_check_starts_stops_at_sigterm_not_after_the_grace_period(tmp_path):
-    """The check blocks its stop signals while it starts a server (so none comes between the start
-    and the server's listing); the server itself must not inherit that mask, or it ignores SIGTERM
-    and every stop waits out the grace period for SIGKILL (30 s a server on the GPU call)."""
+    """A server the check starts ends at its SIGTERM: one that ignored it (a blocked signal mask
+    inherited through exec, say) would make every stop wait out the grace period for SIGKILL (30 s
+    a server on the GPU call)."""
     import sys
     import time
 
@@ -262,6 +262,31 @@ def test_a_server_the_gpu_check_starts_stops_at_sigterm_not_after_the_grace_peri
     started = time.monotonic()
     gpu_check._stop(process, grace_s=20)
     assert process.returncode is not None and time.monotonic() - started < 5
+
+
+def test_a_stop_signal_while_a_server_starts_stops_that_server_too(tmp_path, monkeypatch):
+    """The device call's SIGTERM can reach the check inside Popen, after the fork and before the
+    server is listed (torch's threads take the signal, Python runs the handler in the main thread
+    wherever it is): the handler waits for the listing, then stops the server and ends the check."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_check
+
+    started, popen = [], subprocess.Popen
+
+    def popen_then_signal(*args, **kwargs):
+        process = popen(*args, **kwargs)
+        started.append(process)
+        gpu_check._stop_all(15)  # the handler, run where Python found the signal
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    with pytest.raises(SystemExit) as ended:
+        gpu_check._server([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "sleeper.log")
+    assert ended.value.code == 128 + 15
+    assert started[0].poll() is not None and gpu_check._STARTED == []
 
 
 def gpu_claims(architectures: dict, pair_speedup: dict | None) -> list[str]:
