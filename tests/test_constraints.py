@@ -24,7 +24,7 @@ import torch
 
 from conftest import chi_square_pvalue
 from specdec.backends.toy import ToyLM
-from specdec.constraints import spec_of
+from specdec.constraints import ForcedRun, spec_of
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, DecodeRun
@@ -188,6 +188,23 @@ def test_constrained_greedy_on_llamacpp_equals_plain_constrained_decoding(shared
                          response_format=BOUNDED, trace=True)
     assert out.token_ids == plain.token_ids
     assert _grammar_steps(out)[0] > 0 and out.stats.target_forwards < plain.stats.target_forwards
+    # The forced text's last token (` "` after a key) is drafted as likely, and kept
+    likely = [step for step in out.trace if "likely" in (step.extra or {})]
+    assert any(step.accepted >= step.extra["likely"][1] for step in likely)
+
+
+@pytest.mark.real
+def test_the_forced_texts_last_token_is_likely_not_certain_on_a_real_tokenizer(shared_model):
+    """llguidance forces bytes; its fast-forward tokens stop where the next token could merge with
+    what follows (` "` could be ` "$`). The rest of the forced text's canonical tokenization is the
+    likely part: together they spell the forced text."""
+    pytest.importorskip("llama_cpp")
+    model = shared_model("smollm2-135m", "llamacpp")
+    constraint = model.loaded.grammar(spec_of(PERSON)).start()
+    run = constraint.forced()
+    assert model.decode(run.certain) == '{"name":' and model.decode(run.likely) == ' "'
+    after_key = constraint.forced(model.encode('{"name": "Ada", "age": 36, "tags":'))
+    assert after_key.certain == [] and model.decode(after_key.likely) == " ["
 
 
 # -- the masked distribution, on a toy target --------------------------------------------------
@@ -211,12 +228,12 @@ class RuleConstraint:
     def __init__(self, prompt: list[int]) -> None:
         self.context = list(prompt)
 
-    def forced(self, after=()) -> list[int]:
+    def forced(self, after=()) -> ForcedRun:
         out, ctx = [], [*self.context, *after]
         while len(allowed := _allowed(ctx)) == 1 and len(out) < 4:
             out.append(allowed[0])
             ctx.append(allowed[0])
-        return out
+        return ForcedRun(out, [])
 
     def allowed_prefix(self, tokens) -> int:
         ctx = list(self.context)
@@ -278,6 +295,14 @@ def test_sampled_constrained_sequences_follow_the_masked_target_distribution(par
     assert pvalue > 1e-3, f"sampled distribution differs from the masked target's (p={pvalue:.2e})"
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_sampled_sequences_with_likely_tokens_drafted_follow_the_masked_target_distribution(drafter):
+    counts = _sample(SamplingParams(1.0), FACTORIES[drafter], constraint=_LikelyRule)
+    assert all(_is_allowed(seq) for seq in counts)
+    pvalue = chi_square_pvalue(counts, _masked_distribution(SamplingParams(1.0)))
+    assert pvalue > 1e-3, f"sampled distribution differs from the masked target's (p={pvalue:.2e})"
+
+
 def _is_allowed(seq: tuple[int, ...]) -> bool:
     ctx = list(PROMPT)
     for t in seq:
@@ -301,8 +326,8 @@ def test_the_masked_distribution_test_catches_an_engine_that_forgets_the_mask(mo
 class _NoForcing(RuleConstraint):
     """The rule constraint without forced tokens or draft cuts (the mask alone keeps it)."""
 
-    def forced(self, after=()) -> list[int]:
-        return []
+    def forced(self, after=()) -> ForcedRun:
+        return ForcedRun([], [])
 
     def allowed_prefix(self, tokens) -> int:
         return len(tokens)
@@ -364,6 +389,50 @@ def test_forced_tokens_and_the_drafters_share_a_draft_and_the_drafter_hears_of_i
             assert bonus == (accepted == len(tokens))
         else:
             assert len(fed) == 1 == rows
+
+
+class _LikelyRule(RuleConstraint):
+    """The rule constraint whose forced runs end with a likely token: a 2 after a 0 or a 1
+    (allowed, not always the target's choice), also where nothing is certain."""
+
+    def forced(self, after=()) -> ForcedRun:
+        certain = super().forced(after).certain
+        ctx = [*self.context, *after, *certain]
+        return ForcedRun(certain, [2] if ctx[-1] in (0, 1) else [])
+
+
+def test_likely_tokens_join_the_draft_and_the_output_is_plain_constrained_decodings():
+    """Sampled under the toy grammar with likely tokens (the same seed with and without drafts):
+    drafted after the certain ones, or alone before a free drafter's, marked in the trace, kept
+    where the target agrees, and the output is plain constrained decoding's token for token."""
+    likely, learned = [], []
+    for seed in range(6):
+        cfg = DecodeConfig(max_new_tokens=30, sampling=SamplingParams(1.0, seed=seed))
+        plain = DecodeRun(TARGET.backend(), PROMPT, cfg, None, FixedK(1), constraint=_LikelyRule(PROMPT)).run()
+        run = DecodeRun(TARGET.backend(), PROMPT, cfg, _Threes(), FixedK(4), constraint=_LikelyRule(PROMPT))
+        out = run.run()
+        assert out.token_ids == plain.token_ids
+        steps = [step for step in out.trace if "likely" in (step.extra or {})]
+        likely += steps
+        kept = sum(1 for s in steps if s.accepted > s.extra["likely"][0])
+        tried = sum(1 for s in steps if s.accepted >= s.extra["likely"][0])
+        assert run._likely.kept == 4 + kept and run._likely.tried == 5 + tried
+        learned.append((kept, tried))
+    assert [s for s in likely if "certain" in s.extra] and [s for s in likely if s.extra["likely"][0] == 0]
+    assert all(step.drafted[step.extra["likely"][0]] == 2 for step in likely)
+    kept, tried = map(sum, zip(*learned))
+    assert 0 < kept < tried  # both outcomes seen
+
+
+def test_the_likely_rate_counts_the_tokens_verification_reached():
+    from specdec.engine import LikelyRate
+
+    rate = LikelyRate()
+    assert rate.rate == 0.8
+    rate.learn(2, 4, accepted=6)  # both kept
+    rate.learn(2, 4, accepted=2)  # the first reached and rejected
+    rate.learn(2, 4, accepted=1)  # not reached: rejected before them
+    assert (rate.kept, rate.tried) == (6, 8)
 
 
 def test_masked_logits_keep_only_allowed_tokens():

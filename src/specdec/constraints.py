@@ -159,7 +159,8 @@ class Grammar:
 
     def start(self) -> Constraint:
         """The state of a new generation under this constraint."""
-        return Constraint(_llguidance().LLMatcher(self.tokenizer, self.text, log_level=0), self.tokenizer.vocab_size)
+        return Constraint(_llguidance().LLMatcher(self.tokenizer, self.text, log_level=0), self.tokenizer.vocab_size,
+                          self.tokenizer)
 
 
 def grammar_tokenizer(hf_tokenizer, vocab_size: int, eos_ids: Sequence[int]):
@@ -172,13 +173,23 @@ def grammar_tokenizer(hf_tokenizer, vocab_size: int, eos_ids: Sequence[int]):
         raise SpecdecError(f"constrained decoding cannot use this model's tokenizer: {exc}") from None
 
 
+@dataclass(frozen=True)
+class ForcedRun:
+    """The continuation a grammar forces: tokens certain whatever comes next, then tokens that
+    are the forced text's canonical tokenization but may not be the model's."""
+
+    certain: list[int]
+    likely: list[int]
+
+
 class Constraint:
     """One generation's place in its grammar: which tokens may come next, rolled back and forth
     as drafts are checked."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, tokenizer=None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.tokenizer = tokenizer  # llguidance's, for the forced text's tokenization (None: no likely tokens)
         self._words = (vocab_size + 31) // 32
         self._check()
 
@@ -186,21 +197,29 @@ class Constraint:
         if self.matcher.is_error():
             raise SpecdecError(f"the grammar failed: {self.matcher.get_error()}")
 
-    def forced(self, after: Sequence[int] = ()) -> list[int]:
-        """The tokens the grammar allows as the only continuation here, or after ``after`` (tokens
-        it allows from here, as a draft holds them): llguidance's fast-forward tokens, its
-        canonical tokenization of the forced text. The state is left where it was."""
+    def forced(self, after: Sequence[int] = ()) -> ForcedRun:
+        """What the grammar makes the continuation here, or after ``after`` (tokens it allows from
+        here, as a draft holds them): llguidance's fast-forward tokens (``certain``: the canonical
+        tokenization of the forced text, whatever follows it), then the rest of that text's
+        canonical tokenization (``likely``: its last token may merge with what the model writes
+        next, as ` [` becomes ` [{"`). The state is left where it was."""
         if after and self.allowed_prefix(after) < len(after):
-            return []
+            return ForcedRun([], [])
         consumed = 0
         try:
             for token in after:
                 if self.matcher.is_stopped():  # the end of sequence after the grammar's end
-                    return []
+                    return ForcedRun([], [])
                 if not self.matcher.consume_token(token):
                     self._check()
                 consumed += 1
-            return [] if self.matcher.is_stopped() else list(self.matcher.compute_ff_tokens())
+            if self.matcher.is_stopped():
+                return ForcedRun([], [])
+            certain = list(self.matcher.compute_ff_tokens())
+            text = self.matcher.compute_ff_bytes()
+            whole = list(self.tokenizer.tokenize_bytes(text)) if text and self.tokenizer is not None else []
+            likely = whole[len(certain):] if whole[:len(certain)] == certain else []
+            return ForcedRun(certain, likely)
         finally:
             if consumed:
                 self.matcher.rollback(consumed)

@@ -19,7 +19,7 @@ import torch
 from specdec import constraints
 from specdec import tree as trees
 from specdec.backends.base import Backend
-from specdec.constraints import Constraint
+from specdec.constraints import Constraint, ForcedRun
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.errors import SpecdecError
 from specdec.options import GenerationOptions, check_fields, copy_into, same_as
@@ -33,6 +33,7 @@ from specdec.verify import verify
 
 FinishReason = Literal["length", "eos", "stop"]
 GRAMMAR = "grammar"  # the source of a draft of a constraint's forced tokens (Draft.extra)
+NO_RUN = ForcedRun([], [])
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class DecodeRun:
         self._closed = False
         self._iterator: Iterator[StepTrace] | None = None
         self._own: tuple[int, Draft] | None = None  # the drafter's part of a joined draft: (offset, its draft)
+        self._likely = LikelyRate()
 
     def run(self) -> Generation:
         """Run to the end (or return the result of a run that already ended)."""
@@ -218,6 +220,9 @@ class DecodeRun:
             if masks is not None:
                 logits = constraints.apply(logits, masks)
             verdict = verify(draft, logits, self.sampler, len(tokens), record=cfg.record)
+            extra = _as_cut(draft)
+            if "likely" in extra:
+                self._likely.learn(*extra["likely"], verdict.num_accepted)
             if draft.is_tree:
                 self.target.truncate(base, keep=[0, *(i + 1 for i in verdict.path)])
             else:
@@ -252,7 +257,7 @@ class DecodeRun:
                              confidence=draft.confidence, draft_probs=draft.probs,
                              target_probs=verdict.target_probs, accept_probs=verdict.accept_probs,
                              parents=draft.parents if draft.is_tree else None,
-                             path=verdict.path if draft.is_tree else None, extra=_as_cut(draft))
+                             path=verdict.path if draft.is_tree else None, extra=extra)
             self.result.trace.append(step)
             stats.add_step(step)
             stats.wall_s = time.perf_counter() - t_start
@@ -268,13 +273,17 @@ class DecodeRun:
         # The policy weighs what a drafted token costs here (the drafter's price) against what
         # verification saves.
         # Plain decoding stays the baseline: one masked step a token, no grammar drafts either.
-        forced = self._forced(()) if self.constraint is not None and self.drafter.drafts else []
-        most = self.policy.max_k(0.0 if forced else self.drafter.token_cost(tokens))
+        run = self._forced(()) if self.constraint is not None and self.drafter.drafts else NO_RUN
+        price = 0.0 if run.certain else self.drafter.token_cost(tokens)
+        # A run opens the draft where it has certain tokens, or likely ones before a free drafter
+        # (a priced one drafts first, and the run follows its chain).
+        opens = bool(run.certain) or (bool(run.likely) and not price)
+        most = self.policy.max_k(0.0 if opens else price)
         k = min(most, remaining - 1)
         if k <= 0:
             return Draft([]), None
-        if forced:  # known without a model: the target's masked choice there is these tokens' or none
-            draft = self._after_forced(tokens, forced, k)
+        if opens:  # known without a model: the target's masked choice there is these tokens' or none
+            draft = self._after_forced(tokens, run, k)
         else:
             draft = self.drafter.propose(tokens, k, self.policy.stop_drafting)
             draft = fit(draft, most, remaining - 1, self.config.eos_token_ids)
@@ -286,7 +295,7 @@ class DecodeRun:
         # choice, which never is a forbidden token. A draft drawn at random and checked by rejection
         # sampling keeps its forbidden token: rejected there (p = 0), the target's token comes from
         # the residual max(0, p - q), where cutting the draft would draw it from p.
-        if self.constraint is not None and not forced and (self.sampler.greedy or self.sampler.coupled
+        if self.constraint is not None and not opens and (self.sampler.greedy or self.sampler.coupled
                                                            or draft.q is None):
             allowed = self.constraint.allowed_prefix(draft.tokens)
             draft = draft.truncated(allowed)
@@ -307,16 +316,31 @@ class DecodeRun:
     # them: its tokens are kept by the target's choice, as the forced ones are, and nothing of it
     # is priced by a curve of its own. The drafter is told about its own part alone (``_own``).
 
-    def _forced(self, after: Sequence[int]) -> list[int]:
-        forced = self.constraint.forced(after)
-        if not forced:
-            return forced
-        return forced[:self.constraint.allowed_prefix([*after, *forced]) - len(after)]  # as the mask sees them
+    def _forced(self, after: Sequence[int]) -> ForcedRun:
+        run = self.constraint.forced(after)
+        chain = [*run.certain, *run.likely]
+        if not chain:
+            return run
+        n = self.constraint.allowed_prefix([*after, *chain]) - len(after)  # as the mask sees them
+        return ForcedRun(run.certain[:n], run.likely[:max(0, n - len(run.certain))])
 
-    def _after_forced(self, tokens: list[int], forced: list[int], k: int) -> Draft:
+    def _run_draft(self, run: ForcedRun, room: int, offset: int) -> tuple[list[int], list[float], dict]:
+        """At most ``room`` tokens of ``run``: the tokens, their confidence (1 for certain ones, the
+        likely ones' running rate) and their spans in a draft where they start at ``offset``."""
+        chain = [*run.certain, *run.likely][:room]
+        certain = min(len(run.certain), len(chain))
+        spans = {}
+        if certain:
+            spans["certain"] = [offset, offset + certain]
+        if len(chain) > certain:
+            spans["likely"] = [offset + certain, offset + len(chain)]
+        return chain, [1.0] * certain + [self._likely.rate] * (len(chain) - certain), spans
+
+    def _after_forced(self, tokens: list[int], forced: ForcedRun, k: int) -> Draft:
         """The forced run (at most ``k``), then what the drafter proposes after it, as the grammar allows."""
-        run = forced[:k]
-        grammar = Draft(run, confidence=[1.0] * len(run), extra={"source": GRAMMAR, "certain": [0, len(run)]})
+        run, confidence, spans = self._run_draft(forced, k, 0)
+        extra = {"source": GRAMMAR, **spans}
+        grammar = Draft(run, confidence=confidence, extra=extra)
         room = k - len(run)
         # A drafter that pays for its tokens (a model's forwards) is priced by the policy before it
         # drafts (max_k), which a forced step skips: only a free one goes on after the run.
@@ -331,18 +355,17 @@ class DecodeRun:
         if not mine.tokens:
             return grammar
         self._own = (len(run), mine)
-        return _joined(grammar, mine, {"source": GRAMMAR, "certain": [0, len(run)]})
+        return _joined(grammar, mine, extra)
 
     def _then_forced(self, draft: Draft, k: int) -> Draft:
         """The drafter's chain ``draft`` (every token allowed), then the run the grammar forces after it."""
         if not self._joins(draft) or any(t in self.config.eos_token_ids for t in draft.tokens):
             return draft
-        forced = self._forced(draft.tokens)[:k - len(draft)]
-        if not forced:
+        run, confidence, spans = self._run_draft(self._forced(draft.tokens), k - len(draft), len(draft))
+        if not run:
             return draft
         self._own = (0, draft)
-        extra = {**(draft.extra or {}), "certain": [len(draft), len(draft) + len(forced)]}
-        return _joined(draft, Draft(forced, confidence=[1.0] * len(forced)), extra)
+        return _joined(draft, Draft(run, confidence=confidence), {**(draft.extra or {}), **spans})
 
     def _teach(self, draft: Draft, verdict: Verdict, last: int, logits: torch.Tensor) -> None:
         """Tell the drafter what became of its own proposal: its part of a joined draft as a draft
@@ -442,13 +465,34 @@ def _joined(first: Draft, then: Draft, extra: dict) -> Draft:
 
 
 def _as_cut(draft: Draft) -> dict:
-    """The trace's details of a draft the policy may have cut: its forced tokens' span within it."""
+    """The trace's details of a draft the policy may have cut: its grammar tokens' spans within it."""
     extra = dict(draft.extra or {})
-    if "certain" in extra:
-        start, stop = extra["certain"]
-        stop = min(stop, len(draft))
-        if stop > start:
-            extra["certain"] = [start, stop]
-        else:
-            del extra["certain"]
+    for key in ("certain", "likely"):
+        if key in extra:
+            start, stop = extra[key]
+            stop = min(stop, len(draft))
+            if stop > start:
+                extra[key] = [start, stop]
+            else:
+                del extra[key]
     return extra
+
+
+class LikelyRate:
+    """How often the target kept the grammar's likely tokens in this generation (the forced text's
+    canonical tokenization past the certain tokens), from a prior of 4 kept of 5: what the policy
+    prices them at. Measured on Qwen2.5-Coder's JSON answers: ` "` after a key is kept nearly
+    always, ` [` before a list of objects or strings rarely (the model writes ` [{"`, ` ["`)."""
+
+    def __init__(self, kept: float = 4.0, tried: float = 5.0) -> None:
+        self.kept, self.tried = kept, tried
+
+    @property
+    def rate(self) -> float:
+        return self.kept / self.tried
+
+    def learn(self, start: int, stop: int, accepted: int) -> None:
+        """Tokens ``start``..``stop`` of a draft were likely ones, and ``accepted`` draft tokens were kept."""
+        if accepted >= start:
+            self.kept += min(stop, accepted) - start
+            self.tried += min(stop, accepted + 1) - start
