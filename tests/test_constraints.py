@@ -255,6 +255,9 @@ class RuleConstraint:
     def consume(self, tokens) -> None:
         self.context.extend(tokens)
 
+    def only_token(self) -> int | None:  # the toy grammar never ends
+        return None
+
 
 def _masked_distribution(params: SamplingParams) -> dict[tuple[int, ...], float]:
     dist = {}
@@ -433,6 +436,74 @@ def test_the_likely_rate_counts_the_tokens_verification_reached():
     rate.learn(2, 4, accepted=2)  # the first reached and rejected
     rate.learn(2, 4, accepted=1)  # not reached: rejected before them
     assert (rate.kept, rate.tried) == (6, 8)
+
+
+class _Ending:
+    """A grammar that ends after 5 new tokens, then allows only the end of sequence (3, never
+    allowed before); before, any token but the last one."""
+
+    EOS = 3
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.context, self.start = list(prompt), len(prompt)
+
+    def _allowed(self, ctx: list[int]) -> list[int]:
+        if len(ctx) - self.start >= 5:
+            return [self.EOS]
+        return [t for t in range(V) if t not in (ctx[-1], self.EOS)]
+
+    def forced(self, after=()) -> ForcedRun:
+        return ForcedRun([], [])
+
+    def allowed_prefix(self, tokens) -> int:
+        ctx = list(self.context)
+        for i, t in enumerate(tokens):
+            if t not in self._allowed(ctx):
+                return i
+            ctx.append(t)
+        return len(tokens)
+
+    def masks(self, tokens) -> np.ndarray:
+        rows, ctx = [], list(self.context)
+        for t in [*tokens, None]:
+            row = np.zeros(V, dtype=bool)
+            row[self._allowed(ctx)] = True
+            rows.append(row)
+            ctx.append(t)
+        return np.stack(rows)
+
+    def consume(self, tokens) -> None:
+        self.context.extend(tokens)
+
+    def only_token(self) -> int | None:
+        allowed = self._allowed(self.context)
+        return allowed[0] if len(self.context) - self.start >= 5 else None
+
+
+class _Silent(_Threes):
+    """A drafter that drafts, and never has a token to offer: every step is a plain one."""
+
+    def propose(self, tokens, k, stop=None):
+        from specdec.types import Draft
+
+        return Draft([])
+
+
+def test_the_end_of_sequence_after_a_finished_grammar_costs_no_forward_with_drafts():
+    """Once the grammar has ended, the end of sequence is all the masked distribution holds, so a
+    speculative run emits it without a forward (a step of 0 target forwards); plain decoding, the
+    baseline, and a run that reports log-probabilities take theirs. The tokens are the same."""
+    cfg = DecodeConfig(max_new_tokens=20, eos_token_ids=frozenset({_Ending.EOS}))
+    plain = DecodeRun(TARGET.backend(), PROMPT, cfg, None, FixedK(1), constraint=_Ending(PROMPT)).run()
+    out = DecodeRun(TARGET.backend(), PROMPT, cfg, _Silent(), FixedK(4), constraint=_Ending(PROMPT)).run()
+    assert out.token_ids == plain.token_ids and len(out.token_ids) == 6 and out.token_ids[-1] == _Ending.EOS
+    assert out.finish_reason == plain.finish_reason == "eos"
+    assert [s.target_forwards for s in out.trace] == [1] * 5 + [0] and out.stats.target_forwards == 5
+    assert plain.stats.target_forwards == 6
+    scored_cfg = DecodeConfig(max_new_tokens=20, eos_token_ids=frozenset({_Ending.EOS}), logprobs=1)
+    scored = DecodeRun(TARGET.backend(), PROMPT, scored_cfg, _Silent(), FixedK(4), constraint=_Ending(PROMPT)).run()
+    assert scored.token_ids == plain.token_ids and scored.stats.target_forwards == 6
+    assert len(scored.logprobs) == 6
 
 
 def test_masked_logits_keep_only_allowed_tokens():

@@ -224,6 +224,14 @@ class Constraint:
             if consumed:
                 self.matcher.rollback(consumed)
 
+    def only_token(self) -> int | None:
+        """The one token the grammar allows here once it has ended (the end of sequence), or None
+        where it has not ended."""
+        if not self.matcher.is_stopped():
+            return None
+        allowed = np.flatnonzero(self.masks([])[0])
+        return int(allowed[0]) if len(allowed) == 1 else None
+
     def allowed_prefix(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` the grammar allows in a row from here."""
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0

@@ -203,6 +203,18 @@ class DecodeRun:
         self.drafter.reserve(len(self.prompt) + cfg.max_new_tokens, self.cancelled)
         tokens = list(self.prompt)
         while not self.done:
+            end = self._grammar_end()
+            if end is not None:  # all the masked distribution is on it: known without a forward
+                step = StepTrace(len(out), [], 0, [end], "plain", 0.0, 0.0, extra={"source": GRAMMAR},
+                                 target_forwards=0)
+                out.append(end)
+                self.done = self._finished(end)
+                self.constraint.consume([end])
+                self.result.trace.append(step)
+                stats.add_step(step)
+                stats.wall_s = time.perf_counter() - t_start
+                yield step
+                continue
             t0 = time.perf_counter()
             draft, offer = self._draft(tokens, cfg.max_new_tokens - len(out))
             t1 = time.perf_counter()
@@ -262,6 +274,15 @@ class DecodeRun:
             stats.add_step(step)
             stats.wall_s = time.perf_counter() - t_start
             yield step
+
+    def _grammar_end(self) -> int | None:
+        """The end of sequence a finished grammar leaves as the only token, which a speculative run
+        emits without a forward (plain decoding, the baseline, takes its forward; so does a run
+        that reports log-probabilities); None where there is none."""
+        if self.constraint is None or not self.drafter.drafts or self.config.logprobs is not None:
+            return None
+        token = self.constraint.only_token()
+        return token if token in self.config.eos_token_ids else None
 
     def _draft(self, tokens: list[int], remaining: int) -> tuple[Draft, Offer | None]:
         """The draft to verify, and, where the target's batch chooses the draft lengths of all its

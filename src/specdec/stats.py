@@ -55,7 +55,7 @@ class GenerationStats:
     def add_step(self, step: StepTrace) -> None:
         """Count one step's record (the only way numbers get in: one source of truth)."""
         drafted = len(step.drafted)
-        self.target_forwards += 1
+        self.target_forwards += step.target_forwards
         self.draft_forwards += step.draft_forwards
         self.new_tokens += len(step.emitted)
         self.drafted += drafted

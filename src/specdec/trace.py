@@ -154,7 +154,7 @@ def estimated_speedup(stats: GenerationStats, plain_step_s: float | None) -> flo
 def step_from_record(record: dict) -> StepTrace:
     fields = {k: record[k] for k in ("position", "drafted", "accepted", "emitted", "kind", "draft_s", "verify_s")}
     optional = {k: record.get(k) for k in ("proposed", "draft_forwards", "confidence", "draft_probs",
-                                           "target_probs", "accept_probs", "parents", "path")}
+                                           "target_probs", "accept_probs", "parents", "path", "target_forwards")}
     return StepTrace(**fields, **{k: v for k, v in optional.items() if v is not None},
                      extra=record.get("extra") or {})
 

@@ -124,6 +124,8 @@ class StepTrace:
     parents: list[int] | None = None  # the draft's tree (None: a chain)
     path: list[int] | None = None  # the accepted nodes of a tree, in order (None: a chain's prefix)
     extra: dict = field(default_factory=dict)  # drafter-specific details (e.g. which source drafted)
+    # 0 for the end of sequence a finished grammar leaves as the only token, emitted without one
+    target_forwards: int = 1
 
     @property
     def target_token(self) -> int | None:
