@@ -228,9 +228,12 @@ class RuleConstraint:
     def __init__(self, prompt: list[int]) -> None:
         self.context = list(prompt)
 
+    def allowed(self, context: list[int]) -> list[int]:
+        return _allowed(context)
+
     def forced(self, after=()) -> ForcedRun:
         out, ctx = [], [*self.context, *after]
-        while len(allowed := _allowed(ctx)) == 1 and len(out) < 4:
+        while len(allowed := self.allowed(ctx)) == 1 and len(out) < 4:
             out.append(allowed[0])
             ctx.append(allowed[0])
         return ForcedRun(out, [])
@@ -238,7 +241,7 @@ class RuleConstraint:
     def allowed_prefix(self, tokens) -> int:
         ctx = list(self.context)
         for i, t in enumerate(tokens):
-            if t not in _allowed(ctx):
+            if t not in self.allowed(ctx):
                 return i
             ctx.append(t)
         return len(tokens)
@@ -247,7 +250,7 @@ class RuleConstraint:
         rows, ctx = [], list(self.context)
         for t in [*tokens, None]:
             row = np.zeros(V, dtype=bool)
-            row[_allowed(ctx)] = True
+            row[self.allowed(ctx)] = True
             rows.append(row)
             ctx.append(t)
         return np.stack(rows)
@@ -438,46 +441,26 @@ def test_the_likely_rate_counts_the_tokens_verification_reached():
     assert (rate.kept, rate.tried) == (6, 8)
 
 
-class _Ending:
+class _Ending(RuleConstraint):
     """A grammar that ends after 5 new tokens, then allows only the end of sequence (3, never
-    allowed before); before, any token but the last one."""
+    allowed before); before, any token but the last one. Nothing is forced."""
 
     EOS = 3
 
     def __init__(self, prompt: list[int]) -> None:
-        self.context, self.start = list(prompt), len(prompt)
+        super().__init__(prompt)
+        self.start = len(prompt)
 
-    def _allowed(self, ctx: list[int]) -> list[int]:
-        if len(ctx) - self.start >= 5:
+    def allowed(self, context: list[int]) -> list[int]:
+        if len(context) - self.start >= 5:
             return [self.EOS]
-        return [t for t in range(V) if t not in (ctx[-1], self.EOS)]
+        return [t for t in range(V) if t not in (context[-1], self.EOS)]
 
     def forced(self, after=()) -> ForcedRun:
         return ForcedRun([], [])
 
-    def allowed_prefix(self, tokens) -> int:
-        ctx = list(self.context)
-        for i, t in enumerate(tokens):
-            if t not in self._allowed(ctx):
-                return i
-            ctx.append(t)
-        return len(tokens)
-
-    def masks(self, tokens) -> np.ndarray:
-        rows, ctx = [], list(self.context)
-        for t in [*tokens, None]:
-            row = np.zeros(V, dtype=bool)
-            row[self._allowed(ctx)] = True
-            rows.append(row)
-            ctx.append(t)
-        return np.stack(rows)
-
-    def consume(self, tokens) -> None:
-        self.context.extend(tokens)
-
     def only_token(self) -> int | None:
-        allowed = self._allowed(self.context)
-        return allowed[0] if len(self.context) - self.start >= 5 else None
+        return self.EOS if len(self.context) - self.start >= 5 else None
 
 
 class _Silent(_Threes):
