@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from loadtest import NotReady, wait_ready  # noqa: E402
 
+from specdec.bench.peers.llama_server import binary  # noqa: E402
 from specdec.commands.bench import provenance  # noqa: E402
-from specdec.cpu import machine_tag  # noqa: E402
+from specdec.cpu import machine_tag, usable_cpus  # noqa: E402
+from specdec.errors import SpecdecError  # noqa: E402
 from specdec.models import resolve  # noqa: E402
 
 # The function of examples/edit_function.txt in a module of its own: 48 lines.
@@ -94,12 +96,12 @@ FILE = "textwrap_report.py"
 SERVERS = ("specdec", "llama-server-plain", "llama-server-ngram-simple", "llama-server-ngram-mod")
 
 
-def _server(label: str, port: int, model: str, gguf: str, llama_bin: Path) -> list[str]:
+def _server(label: str, port: int, model: str, gguf: str, llama_server: Path) -> list[str]:
     if label == "specdec":
         return [str(ROOT / ".venv/bin/specdec"), "serve", "--model", model, "--port", str(port)]
     spec = label.removeprefix("llama-server-")
-    return [str(llama_bin / "llama-server"), "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-            "-c", "8192", "-t", str(os.cpu_count() or 1), *(["--spec-type", spec] if spec != "plain" else [])]
+    return [str(llama_server), "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+            "-c", "8192", "-t", str(usable_cpus()), *(["--spec-type", spec] if spec != "plain" else [])]
 
 
 def _phases(label: str, log: Path, ticks: Path, since: float) -> dict:
@@ -152,14 +154,21 @@ def main() -> int:
     ap.add_argument("--servers", default="specdec,llama-server-plain",
                     help=f"comma-separated, of {', '.join(SERVERS)} (llama.cpp's own n-gram speculation "
                          "with its default settings); specdec and llama-server-plain are always run")
-    ap.add_argument("--llama-bin", type=Path, default=Path(os.environ.get("SPECDEC_LLAMA_CPP_BIN",
-                                                                          ROOT / ".peers/llama.cpp/build/bin")))
+    ap.add_argument("--llama-bin", type=Path, help="the folder of llama-server (default: the bench's, "
+                                                   "$SPECDEC_LLAMA_CPP_BIN or `make llama-peers`'s build)")
     ap.add_argument("--out", type=Path, help="where the record goes (JSON); else stdout only")
     args = ap.parse_args()
     if not Path(args.aider).exists() and shutil.which(args.aider) is None:
         sys.exit(f"no aider at {args.aider}: install it in a venv of its own (see this script's docstring)")
-    if not (args.llama_bin / "llama-server").exists():
-        sys.exit(f"no llama-server in {args.llama_bin}: run `make llama-peers`")
+    if args.llama_bin is not None:
+        llama_server = args.llama_bin / "llama-server"
+        if not llama_server.exists():
+            sys.exit(f"no llama-server in {args.llama_bin}: run `make llama-peers`")
+    else:
+        try:
+            llama_server = binary("llama-server")
+        except SpecdecError as exc:
+            sys.exit(str(exc))
     labels = list(dict.fromkeys(["specdec", "llama-server-plain", *args.servers.split(",")]))
     if unknown := [label for label in labels if label not in SERVERS]:
         sys.exit(f"unknown servers {', '.join(unknown)}: choose from {', '.join(SERVERS)}")
@@ -170,7 +179,7 @@ def main() -> int:
         for port, label in enumerate(labels, start=8120):
             log = open(root / f"{label}-{r}.log", "w")
             ticks = root / f"{label}-{r}.ticks.jsonl"
-            server = subprocess.Popen(_server(label, port, args.model, gguf, args.llama_bin), stdout=log,
+            server = subprocess.Popen(_server(label, port, args.model, gguf, llama_server), stdout=log,
                                       stderr=subprocess.STDOUT, cwd=ROOT,
                                       env={**os.environ, "SPECDEC_TICK_TRACE": str(ticks)})
             try:
