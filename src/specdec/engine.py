@@ -210,9 +210,7 @@ class DecodeRun:
                 out.append(end)
                 self.done = self._finished(end)
                 self.constraint.consume([end])
-                self.result.trace.append(step)
-                stats.add_step(step)
-                stats.wall_s = time.perf_counter() - t_start
+                self._keep(step, t_start)
                 yield step
                 continue
             t0 = time.perf_counter()
@@ -270,10 +268,14 @@ class DecodeRun:
                              target_probs=verdict.target_probs, accept_probs=verdict.accept_probs,
                              parents=draft.parents if draft.is_tree else None,
                              path=verdict.path if draft.is_tree else None, extra=extra)
-            self.result.trace.append(step)
-            stats.add_step(step)
-            stats.wall_s = time.perf_counter() - t_start
+            self._keep(step, t_start)
             yield step
+
+    def _keep(self, step: StepTrace, t_start: float) -> None:
+        """A step into the result: its trace, and the stats counted from it."""
+        self.result.trace.append(step)
+        self.result.stats.add_step(step)
+        self.result.stats.wall_s = time.perf_counter() - t_start
 
     def _grammar_end(self) -> int | None:
         """The end of sequence a finished grammar leaves as the only token, which a speculative run
