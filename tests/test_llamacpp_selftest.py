@@ -255,10 +255,13 @@ def test_the_library_names_its_kernel_generation_in_the_cost_curve_key(shared_mo
     2-4 rows), so the cached curve's key names it, and whether the weights are in AMX buffers."""
     from specdec.backends.llamacpp_lib import kernel_generation
 
-    # make setup builds the patch this checkout carries: its generation is the newest this CPU
-    # compiles (the AMX kernels only where the CPU has AMX)
-    newest = 3 if has_amx() else 2
+    # make setup builds the patch this checkout carries, whose newest generation (8 rows a pass in
+    # the AVX2 loops) every x86 build reports, with the AMX kernels or without
+    newest = 4
     assert kernel_generation() == newest, "the installed llama.cpp predates this checkout's patches: run make setup"
+    from specdec.backends.llamacpp_lib import _cpu_library
+
+    assert _cpu_library().ggml_cpu_exact_rows_per_pass() == 8
     model = shared_model("smollm2-135m")
     assert f"-rows-gen{newest}" in model.loaded.cost_key
     assert ("-amx" in model.loaded.cost_key) == has_amx()  # SmolLM2's Q4_1/Q8_0: AMX takes them

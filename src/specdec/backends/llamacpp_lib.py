@@ -210,13 +210,17 @@ def kernel_generation() -> int:
     """Which of specdec's kernel patches the installed llama.cpp carries, as far as it changes what a
     forward costs: 0 none (the stock library), 1 the exact multi-row kernels and their self-test,
     2 also the multi-row Q4_K GEMV that replaces ggml's GEMM (cheaper 2-8-row forwards), 3 also AMX
-    buffers' multi-row VNNI kernels (a build for a CPU with AMX: 2-4-row forwards without the tiles).
+    buffers' multi-row VNNI kernels (a build for a CPU with AMX: 2-4-row forwards without the tiles),
+    4 also 8 rows a pass in the AVX2 loops, which took 4 (5-8-row forwards cheaper on a CPU without
+    AVX-512; a build with the AMX kernels reports 4 too, its AMX buffers named apart in the key).
     Measurements cached per library (the cost curve) name it. (The self-test's coverage of every
     buffer type changed no kernel, so no generation.)"""
     library = _cpu_library()
     if library is None or not any(getattr(library, name, None) is not None
                                   for name in ("ggml_cpu_exact_selftest_bufts", "ggml_cpu_exact_selftest")):
         return 0
+    if getattr(library, "ggml_cpu_exact_rows_per_pass", None) is not None:
+        return 4
     if getattr(library, "ggml_amx_vnni_rows", None) is not None:
         return 3
     return 2 if getattr(library, "ggml_gemv_q4_K_8x8_q8_K_rows", None) is not None else 1
