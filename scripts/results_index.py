@@ -31,7 +31,8 @@ FOLDERS: dict[str, str] = {
     "heldout-inputs": "the held-out prompts themselves (HumanEval problems 16-30, Spec-Bench's 3rd and 4th two-turn "
                       "questions), not results",
     "qwen-kernels-stock": "an exact forward of k rows against the llama.cpp users get (make llama-peers, llamafile on) "
-                          "and the same build's fast kernels, in one run (scripts/costs.py kernels)",
+                          "and the same build's fast kernels, in one run (scripts/costs.py kernels); avx2.json: the "
+                          "same on an AVX2-only CPU, beside the previous patch (4 rows a pass in the AVX2 loops)",
     "amx-kernels": "an exact forward of k rows with AMX buffers (tiles, and the multi-row VNNI kernels for 2-4 rows) "
                    "against the same patch's build without AMX and the llama.cpp users get (scripts/costs.py kernels)",
     "gpu-check": "the GPU check: the engine on CUDA graphs (random-weight 1.5B/0.5B/7B, SmolLM2-135M on Spec-Bench "
