@@ -176,10 +176,11 @@ KERNEL_SETTINGS = {
 
 
 def kernels(run: str) -> str:
-    """A ``scripts/costs.py kernels`` run (its folder, or a .json file of one): milliseconds of a forward of k rows per kernel setting,
-    exact over each other setting, and how many rows of a k-row forward differ from k one-row
-    forwards, with where it ran."""
+    """A ``scripts/costs.py kernels`` run (its folder, or a .json file of one): milliseconds of a
+    forward of k rows per kernel setting, exact over each other setting, and how many rows of a
+    k-row forward differ from k one-row forwards, with where it ran."""
     results = load(run)
+    link = run if run.endswith(".json") else f"{run}/results.json"
     sizes = list(results["ms"]["exact"])
     head = "| kernels | " + " | ".join(sizes) + " |\n|---|" + "---:|" * len(sizes)
     rows = [f"| {KERNEL_SETTINGS.get(name, name)} | " + " | ".join(_num(ms[k]) for k in sizes) + " |"
@@ -194,9 +195,7 @@ def kernels(run: str) -> str:
                         + " | ".join(str(differing.get(k, "-")) for k in sizes) + " |")
     where = (f"`{results.get('model', '?')}`, {results.get('cpu', '?')} ({results.get('build_isa', '?')} build), "
              f"{results.get('date', '?')}, commit `{results.get('commit') or 'not recorded'}`; "
-             f"[{Path(run).name if run.endswith('.json') else 'results.json'}]"
-             f"({run if run.endswith('.json') else run + '/results.json'}); "
-             "milliseconds of one forward of k new rows (the fastest round)")
+             f"[{Path(link).name}]({link}); milliseconds of one forward of k new rows (the fastest round)")
     return f"{where}\n\n```bash\n{results['command']}\n```\n\n{head}\n" + "\n".join(rows) + "\n"
 
 
