@@ -196,3 +196,32 @@ def test_a_registry_scans_past_a_helper_whose_optional_library_is_missing(tmp_pa
     assert package("optional_pkg", "import a_library_nobody_installed\n").names() == ["b"]
     with pytest.raises(ModuleNotFoundError):
         package("broken_pkg", "import specdec.a_module_that_is_not_there\n").names()
+
+
+def test_threads_that_read_a_registry_first_at_once_all_find_its_entries(tmp_path, monkeypatch):
+    """Generations started together on threads read the drafters' registry at once: each waits
+    for the one discovery instead of reading it half done ("unknown drafter 'ngram': use one of
+    none")."""
+    import threading
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "slow_pkg"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("from specdec.registry import Registry\nREG = Registry('thing', 'slow_pkg')\n")
+    (folder / "a_fast.py").write_text("from slow_pkg import REG\nREG.add('a', 'fast')\n")
+    (folder / "b_slow.py").write_text("import time\nfrom slow_pkg import REG\ntime.sleep(0.3)\nREG.add('b', 'slow')\n")
+    reg = __import__("slow_pkg").REG
+    found: list = []
+
+    def read() -> None:
+        try:
+            found.append(reg.get("b"))
+        except Exception as exc:  # noqa: BLE001 - the failure is what the test looks for
+            found.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert found == ["slow"] * 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -28,6 +29,10 @@ class Registry(Generic[E]):
         self.package = package
         self._entries: dict[str, E] = {}
         self._discovered = False
+        # Threads that read the registry first at once (generations started together) wait for
+        # one discovery; its own imports reading the registry see what is registered so far.
+        self._lock = threading.RLock()
+        self._discovering = False
 
     def add(self, name: str, entry: E) -> None:
         if name in self._entries:
@@ -60,7 +65,17 @@ class Registry(Generic[E]):
     def _discover(self) -> None:
         if self._discovered:
             return
-        self._discovered = True
+        with self._lock:
+            if self._discovered or self._discovering:
+                return
+            self._discovering = True
+            try:
+                self._import_all()
+            finally:
+                self._discovering = False
+            self._discovered = True
+
+    def _import_all(self) -> None:
         pkg = importlib.import_module(self.package)
         for info in pkgutil.iter_modules(pkg.__path__):
             try:
