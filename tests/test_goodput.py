@@ -17,7 +17,8 @@ from specdec.costs import BatchCosts, CostModel
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import DecodeConfig, decode
 from specdec.policies.adaptive import AdaptiveK
-from specdec.policies.goodput import MAX_PAUSE, DelayBudget, Offer, OfferPause, choose_lengths, goodput
+from specdec.policies.goodput import (MAX_PAUSE, DelayBudget, Offer, OfferPause, choose_lengths, drafts_can_pay,
+                                      goodput)
 from specdec.tree import chain, path_probabilities
 from specdec.types import Draft
 
@@ -73,6 +74,43 @@ def test_sequences_that_draft_alike_share_a_forward_that_none_pays_alone():
     cost = lambda rows: 1.0 + 0.1 * sum(rows) + (len(set(rows)) - 1)  # noqa: E731
     assert choose_lengths(offers, cost) == [1, 1, 1, 1]
     assert goodput(offers, [1, 1, 1, 1], cost) == pytest.approx(7.6 / 1.8)
+
+
+def _split_equal(forward):
+    """A tick as llama.cpp computes streams of unequal rows: one forward per distinct row count,
+    each of the rows up to it of every sequence that still has rows (``forward(rows)`` seconds)."""
+    def tick(rows):
+        levels, done, seconds = sorted(set(r for r in rows if r > 0)), 0, 0.0
+        for level in levels:
+            seconds += forward((level - done) * sum(1 for r in rows if r >= level))
+            done = level
+        return seconds
+    return tick
+
+
+def test_a_batch_too_large_for_any_draft_to_pay_is_told_so_before_anyone_drafts():
+    # The 1.5B model's forwards on a 2-core AVX2 CPU (ms by rows, bench-results/qwen-kernels-stock),
+    # linear between and past them: from 8 rows on each row costs about 17.6 ms, so 8 sequences
+    # stepping make 8 tokens in 141 ms and at best, every token kept, 16 in 270 (1.05x): no draft
+    # beats the margin. 4 sequences: 4 in 84 ms against 8 sure tokens in 141 (1.19x).
+    points = {1: 44.0, 4: 84.1, 8: 141.3, 16: 269.5, 64: 1128.8}
+
+    def forward(n):
+        if n >= 64:
+            return points[64] + 17.6 * (n - 64)
+        lo = max(k for k in points if k <= n)
+        hi = min(k for k in points if k >= n)
+        return points[lo] if lo == hi else points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+
+    cpu = _split_equal(forward)
+    assert drafts_can_pay(1, cpu) and drafts_can_pay(4, cpu, 1.15)
+    assert not drafts_can_pay(8, cpu, 1.15) and not drafts_can_pay(16, cpu, 1.15)
+    # Without a margin the sure tokens of 8 sequences pay (1.05x), and so might real ones.
+    assert drafts_can_pay(8, cpu)
+    # A GPU's forward costs about the same up to its shape: drafts can pay at any size.
+    assert drafts_can_pay(16, _split_equal(lambda n: 10.0 + 0.01 * n), 1.15)
+    # More rows than the tick holds are ruled out, and so is every draft where one row more is.
+    assert not drafts_can_pay(16, lambda rows: math.inf if sum(rows) > 16 else 1.0)
 
 
 def test_drafts_that_only_break_even_in_a_batch_are_left_out_with_a_margin():

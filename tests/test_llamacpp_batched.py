@@ -110,6 +110,8 @@ def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + 10.0 * (len(seqs) > 1 and max(rows) > 1) + 0.01 * sum(rows))
+    # Long sure drafts would pay on these costs (three chains of 64 kept tokens share the 10 s), so
+    # the sequences offer; their real drafts are short, and the ticks decline them.
     prompts = [PROMPTS[i] for i in (1, 4, 6)]
 
     def ngram(model, prompt: str) -> list[int]:
@@ -125,6 +127,38 @@ def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as
     assert got == expected
     assert shared.paused - paused == seen.count(False) > 0
     assert shared.offered > offered  # offers were made, and declined, before the pauses
+
+
+def test_sequences_of_a_batch_where_no_draft_can_pay_step_without_drafting_and_answer_as_alone(
+        alone, batched, monkeypatch):
+    # In a shared tick each draft row costs what the whole tick of one row each costs (1 s): not
+    # even a draft whose every token is kept pays there, so no sequence drafts while others run
+    # (no offer reaches a shared tick); alone, drafts cost little. The answers are each one's alone.
+    shared = batched.loaded.batched
+    monkeypatch.setattr(shared, "tick_cost",
+                        lambda seqs: lambda rows: 1.0 + (1.0 if len(seqs) > 1 else 0.01) * (sum(rows) - len(rows)))
+    monkeypatch.setattr(shared, "_can_draft", {})
+    prompts = [PROMPTS[i] for i in (1, 4, 6)]
+
+    def ngram(model, prompt: str) -> list[int]:
+        return model.generate(prompt, chat=True, max_new_tokens=40, drafter="ngram").token_ids
+
+    expected = [ngram(alone, p) for p in prompts]
+    crowded_offers: list[int] = []
+    choose = shared._choose
+
+    def spy(chosen):
+        if len(chosen) > 1:
+            crowded_offers.extend(1 for sub in chosen if sub.offer is not None)
+        return choose(chosen)
+
+    monkeypatch.setattr(shared, "_choose", spy)
+    paused = shared.paused
+    got: list = [None] * 3
+    _concurrently(lambda i: got.__setitem__(i, ngram(batched, prompts[i])), 3)
+    assert got == expected
+    assert crowded_offers == []
+    assert shared.paused > paused  # steps taken without drafting, counted
 
 
 def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requests(alone, batched, monkeypatch):

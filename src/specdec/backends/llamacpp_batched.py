@@ -53,7 +53,7 @@ from specdec.backends.llamacpp_sequence import LlamaCppSequence
 from specdec.backends.llamacpp_weights import LlamaCppWeights
 from specdec.costs import CostModel, Costs
 from specdec.errors import SpecdecError
-from specdec.policies.goodput import DelayBudget, Offer, OfferPause, TickCost, choose_lengths
+from specdec.policies.goodput import DelayBudget, Offer, OfferPause, TickCost, choose_lengths, drafts_can_pay
 
 MAX_SEQ_IDS = 64  # sequences per context (llama.cpp allows 256; each has its own KV stream here)
 CELLS_PER_SLOT = 4096  # KV cells per sequence (prompt + answer + a draft)
@@ -72,6 +72,8 @@ MARGIN = 1.15
 # (``specdec serve --max-tick-stretch``; by default no cap: the delay budget bounds what each
 # answer pays over its whole life instead, ``--max-delay-share``, see DelayBudget).
 STRETCH = math.inf
+# How often (in ticks) whether drafts can pay at a crowd size is asked again of the learned costs.
+RECHECK_TICKS = 64
 
 
 @dataclass
@@ -176,6 +178,7 @@ class SharedSequences:
         # what a batch did: scripts/loadtest.py --tick-traces sums such files up).
         self._trace_file = _trace_file()
         self._expected: dict | None = None  # the last choice's expected tokens and seconds (traced)
+        self._can_draft: dict[int, tuple[int, bool]] = {}  # crowd size -> (ticks // RECHECK_TICKS, answer)
 
     # -- sequences --------------------------------------------------------------------------------
     def backend(self) -> SequenceBackend:
@@ -216,8 +219,29 @@ class SharedSequences:
 
     @property
     def paused(self) -> int:
-        """Steps taken without an offer, paused after shared ticks declined them."""
+        """Steps taken without an offer: paused after shared ticks declined them, or where no draft
+        could pay in a batch of their size."""
         return sum(self._paused)
+
+    def drafts_can_pay(self) -> bool:
+        """Whether a draft could pay in a tick of the sequences running now, were every one of its
+        tokens kept (:func:`~specdec.policies.goodput.drafts_can_pay` on this batch's costs, with
+        the margin shared ticks ask): where not, a sequence steps without drafting, as plain
+        decoding does. Alone, or before the costs are measured, the offer's own choice decides.
+        Asked once per crowd size every :data:`RECHECK_TICKS` ticks (the costs keep learning)."""
+        crowd, epoch = len(self._active), self.ticks // RECHECK_TICKS
+        if crowd < 2:
+            return True
+        known = self._can_draft.get(crowd)
+        if known is not None and known[0] == epoch:
+            return known[1]
+        try:
+            cost = self.tick_cost(range(crowd))  # consecutive ids: a tick without gaps, the cheapest
+        except SpecdecError:
+            return True
+        answer = drafts_can_pay(crowd, cost, MARGIN)
+        self._can_draft[crowd] = (epoch, answer)
+        return answer
 
     def others(self, slot: int) -> int:
         """Rows the other running sequences put in the last tick (each at least one)."""
@@ -599,8 +623,9 @@ class SequenceBackend(LlamaCppSequence):
     chooses_lengths = True
 
     def wants_offer(self) -> bool:
-        """No offer while paused (:class:`~specdec.policies.goodput.OfferPause`)."""
-        if self._pause.wants_offer():
+        """No offer while paused (:class:`~specdec.policies.goodput.OfferPause`), nor where the
+        batch's size rules every draft out (:meth:`SharedSequences.drafts_can_pay`)."""
+        if self._pause.wants_offer() and self.shared.drafts_can_pay():
             return True
         self.shared.count_paused(self.slot)
         return False

@@ -193,6 +193,20 @@ def _rate(tokens: float, seconds: float) -> float:
     return tokens / seconds
 
 
+SURE_NODES = 64  # the longest sure draft drafts_can_pay tries for each sequence
+
+
+def drafts_can_pay(sequences: int, cost: TickCost, margin: float = 1.0) -> bool:
+    """Whether any draft could pay in a tick of ``sequences`` sequences stepping one row each,
+    even if every drafted token were kept: :func:`choose_lengths` on offers of sure tokens (up
+    to :data:`SURE_NODES` each). Where it finds no length for any of them, no real offer (whose
+    tokens are at best as likely) gets one either, so a sequence in such a batch need not draft
+    at all: on a 2-core CPU, where each row adds a good share of a forward, that holds from about
+    8 sequences on; on a GPU, where rows are nearly free, never."""
+    sure = Offer(tuple(float(1 + i) for i in range(SURE_NODES + 1)))
+    return any(choose_lengths([sure] * sequences, cost, margin))
+
+
 PAUSE_AFTER = 2  # offers declined in a row, in ticks shared with others, before a pause
 MAX_PAUSE = 16  # the longest pause, in steps
 

@@ -69,8 +69,9 @@ class _BatchCollector:
                 ("offered", "batch_offered_rows", "draft rows offered to the ticks' joint choice of lengths"),
                 ("taken", "batch_taken_rows", "offered draft rows the joint choice verified"),
                 ("drafting_ticks", "batch_drafting_ticks", "ticks that verified a draft row"),
-                ("paused", "batch_paused_steps", "steps a sequence took without drafting, its offers paused "
-                                                 "after shared ticks declined them"),
+                ("paused", "batch_paused_steps", "steps a sequence took without drafting: its offers paused "
+                                                 "after shared ticks declined them, or no draft could pay "
+                                                 "in a batch of its size"),
                 ("forwards", "batch_forwards", "forwards the ticks were split into"),
                 ("decode_s", "batch_decode_seconds", "seconds in the ticks' forwards"))
 
