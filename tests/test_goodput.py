@@ -346,6 +346,20 @@ def test_batch_costs_learn_what_each_forward_of_a_tick_took():
     assert batch.tick([(16, 16), (1, 1)]) == before and batch.observations == 60
 
 
+def test_a_forward_past_the_learned_sizes_is_priced_with_caution_in_proportion_to_its_rows():
+    # Caution prices a tick one standard deviation above its estimate. A 128-row forward is at
+    # least as uncertain as the 64-row one, twice over: a tick of many sequences' long drafts must
+    # not look cheaper, beside cautious one-row steps, than its mean says.
+    curve = CostModel({n: 0.1 * n for n in range(1, 129)})
+    batch = BatchCosts(curve)
+    sd64 = batch.tick([(64, 8)], caution=1.0) - batch.tick([(64, 8)])
+    sd128 = batch.tick([(128, 8)], caution=1.0) - batch.tick([(128, 8)])
+    assert sd64 > 0 and sd128 == pytest.approx(2 * sd64)
+    # Relative to its mean, as cautious as the steps of the 8 sequences alone.
+    steps = batch.tick([(8, 8)], caution=1.0) / batch.tick([(8, 8)])
+    assert batch.tick([(128, 8)], caution=1.0) / batch.tick([(128, 8)]) >= 0.8 * steps
+
+
 class BatchChooses(ToyBackend):
     """A toy sequence whose batch chooses its draft lengths: every step's offer goes into a tick
     beside the other sequences' ``offers`` (fixed), on a cost where drafts compete for rows."""

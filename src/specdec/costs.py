@@ -329,8 +329,15 @@ class BatchCosts:
         mean = sum(self.forward(rows, sequences) for rows, sequences in forwards)
         if not caution:
             return mean
-        known = [self._index(rows, sequences) for rows, sequences in forwards if 1 <= rows <= self.ROWS]
-        variance = sum(self._cov[i, j] for i in known for j in known)
+        # A forward past ROWS rows is as uncertain as the ROWS-row one, in proportion to its rows
+        # (without it such a forward was priced at its mean beside cautious small ones, so a tick
+        # of many sequences' long drafts looked cheaper than their steps alone).
+        weights: dict[int, float] = {}
+        for rows, sequences in forwards:
+            if rows >= 1:
+                i = self._index(min(rows, self.ROWS), sequences)
+                weights[i] = weights.get(i, 0.0) + max(1.0, rows / self.ROWS)
+        variance = sum(wi * wj * self._cov[i, j] for i, wi in weights.items() for j, wj in weights.items())
         return mean + caution * math.sqrt(max(variance, 0.0))
 
     def observe(self, forwards: Sequence[tuple[int, int]], seconds: float) -> None:
