@@ -77,6 +77,7 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched,
     # stretch limit, tested on given costs in test_goodput.py); the drafts must be verified here
     # on every CPU, so the ticks are priced on a known cost where a draft row costs little.
     monkeypatch.setattr(batched.loaded.batched, "tick_cost", lambda seqs: lambda rows: 1.0 + 0.01 * sum(rows))
+    monkeypatch.setattr(batched.loaded.batched, "_can_draft", {})  # whether drafts can pay: asked of these costs
     expected = [_generate(alone, i) for i in range(8)]
     got: list = [None] * 8
     ticks = batched.loaded.batched.ticks
@@ -112,6 +113,7 @@ def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as
                         lambda seqs: lambda rows: 1.0 + 10.0 * (len(seqs) > 1 and max(rows) > 1) + 0.01 * sum(rows))
     # Long sure drafts would pay on these costs (three chains of 64 kept tokens share the 10 s), so
     # the sequences offer; their real drafts are short, and the ticks decline them.
+    monkeypatch.setattr(shared, "_can_draft", {})  # asked afresh of these costs
     prompts = [PROMPTS[i] for i in (1, 4, 6)]
 
     def ngram(model, prompt: str) -> list[int]:
@@ -132,8 +134,12 @@ def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as
 def test_sequences_of_a_batch_where_no_draft_can_pay_step_without_drafting_and_answer_as_alone(
         alone, batched, monkeypatch):
     # In a shared tick each draft row costs what the whole tick of one row each costs (1 s): not
-    # even a draft whose every token is kept pays there, so no sequence drafts while others run
-    # (no offer reaches a shared tick); alone, drafts cost little. The answers are each one's alone.
+    # even a draft whose every token is kept pays there, so no sequence drafts while others run;
+    # alone, drafts cost little. (A step decided alone may still meet others who joined since in
+    # its tick: what is checked is each step's decision, by the batch it saw.) The answers are
+    # each one's alone.
+    import specdec.backends.llamacpp_batched as module
+
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + (1.0 if len(seqs) > 1 else 0.01) * (sum(rows) - len(rows)))
@@ -144,21 +150,22 @@ def test_sequences_of_a_batch_where_no_draft_can_pay_step_without_drafting_and_a
         return model.generate(prompt, chat=True, max_new_tokens=40, drafter="ngram").token_ids
 
     expected = [ngram(alone, p) for p in prompts]
-    crowded_offers: list[int] = []
-    choose = shared._choose
+    decisions: list[tuple[int, bool]] = []  # (sequences running, whether the step drafted)
+    can_pay = module.SharedSequences.drafts_can_pay
 
-    def spy(chosen):
-        if len(chosen) > 1:
-            crowded_offers.extend(1 for sub in chosen if sub.offer is not None)
-        return choose(chosen)
+    def spy(self):
+        answer = can_pay(self)
+        decisions.append((len(self._active), answer))
+        return answer
 
-    monkeypatch.setattr(shared, "_choose", spy)
+    monkeypatch.setattr(module.SharedSequences, "drafts_can_pay", spy)
     paused = shared.paused
     got: list = [None] * 3
     _concurrently(lambda i: got.__setitem__(i, ngram(batched, prompts[i])), 3)
     assert got == expected
-    assert crowded_offers == []
-    assert shared.paused > paused  # steps taken without drafting, counted
+    crowded = [answer for running, answer in decisions if running > 1]
+    assert crowded and not any(crowded)
+    assert shared.paused - paused >= len(crowded)  # steps taken without drafting, counted
 
 
 def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requests(alone, batched, monkeypatch):
@@ -172,6 +179,7 @@ def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requ
 
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost", lambda seqs: lambda rows: 1.0 + 0.01 * sum(rows))
+    monkeypatch.setattr(shared, "_can_draft", {})  # whether drafts can pay: asked of these costs
     monkeypatch.setattr(module, "choose_lengths", broken)
     expected = [_generate(alone, i) for i in range(3)]
     got: list = [None] * 3
@@ -195,6 +203,7 @@ def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + (max(rows) > 1) + 0.01 * sum(rows))
+    monkeypatch.setattr(shared, "_can_draft", {})  # whether drafts can pay: asked of these costs
     seqs = (5, 6, 7)  # slots no generation of this test's fixture uses
 
     expected: list[float] = []
