@@ -77,7 +77,6 @@ def test_concurrent_generations_give_the_tokens_each_gives_alone(alone, batched,
     # stretch limit, tested on given costs in test_goodput.py); the drafts must be verified here
     # on every CPU, so the ticks are priced on a known cost where a draft row costs little.
     monkeypatch.setattr(batched.loaded.batched, "tick_cost", lambda seqs: lambda rows: 1.0 + 0.01 * sum(rows))
-    monkeypatch.setattr(batched.loaded.batched, "_can_draft", {})  # whether drafts can pay: asked of these costs
     expected = [_generate(alone, i) for i in range(8)]
     got: list = [None] * 8
     ticks = batched.loaded.batched.ticks
@@ -113,7 +112,6 @@ def test_a_sequence_whose_offers_shared_ticks_decline_pauses_them_and_answers_as
                         lambda seqs: lambda rows: 1.0 + 10.0 * (len(seqs) > 1 and max(rows) > 1) + 0.01 * sum(rows))
     # Long sure drafts would pay on these costs (three chains of 64 kept tokens share the 10 s), so
     # the sequences offer; their real drafts are short, and the ticks decline them.
-    monkeypatch.setattr(shared, "_can_draft", {})  # asked afresh of these costs
     prompts = [PROMPTS[i] for i in (1, 4, 6)]
 
     def ngram(model, prompt: str) -> list[int]:
@@ -143,7 +141,6 @@ def test_sequences_of_a_batch_where_no_draft_can_pay_step_without_drafting_and_a
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + (1.0 if len(seqs) > 1 else 0.01) * (sum(rows) - len(rows)))
-    monkeypatch.setattr(shared, "_can_draft", {})
     prompts = [PROMPTS[i] for i in (1, 4, 6)]
 
     def ngram(model, prompt: str) -> list[int]:
@@ -179,7 +176,6 @@ def test_a_draft_length_choice_that_fails_costs_its_tick_the_drafts_not_the_requ
 
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost", lambda seqs: lambda rows: 1.0 + 0.01 * sum(rows))
-    monkeypatch.setattr(shared, "_can_draft", {})  # whether drafts can pay: asked of these costs
     monkeypatch.setattr(module, "choose_lengths", broken)
     expected = [_generate(alone, i) for i in range(3)]
     got: list = [None] * 3
@@ -203,7 +199,6 @@ def test_the_delay_budget_and_the_tick_stretch_limit_decide_whether_a_draft_that
     shared = batched.loaded.batched
     monkeypatch.setattr(shared, "tick_cost",
                         lambda seqs: lambda rows: 1.0 + (max(rows) > 1) + 0.01 * sum(rows))
-    monkeypatch.setattr(shared, "_can_draft", {})  # whether drafts can pay: asked of these costs
     seqs = (5, 6, 7)  # slots no generation of this test's fixture uses
 
     expected: list[float] = []

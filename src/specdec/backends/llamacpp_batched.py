@@ -178,7 +178,8 @@ class SharedSequences:
         # what a batch did: scripts/loadtest.py --tick-traces sums such files up).
         self._trace_file = _trace_file()
         self._expected: dict | None = None  # the last choice's expected tokens and seconds (traced)
-        self._can_draft: dict[int, tuple[int, bool]] = {}  # crowd size -> (ticks // RECHECK_TICKS, answer)
+        # crowd size -> (ticks // RECHECK_TICKS, the tick_cost it was asked of, answer)
+        self._can_draft: dict[int, tuple[int, Callable, bool]] = {}
 
     # -- sequences --------------------------------------------------------------------------------
     def backend(self) -> SequenceBackend:
@@ -228,19 +229,20 @@ class SharedSequences:
         tokens kept (:func:`~specdec.policies.goodput.drafts_can_pay` on this batch's costs, with
         the margin shared ticks ask): where not, a sequence steps without drafting, as plain
         decoding does. Alone, or before the costs are measured, the offer's own choice decides.
-        Asked once per crowd size every :data:`RECHECK_TICKS` ticks (the costs keep learning)."""
-        crowd, epoch = len(self._active), self.ticks // RECHECK_TICKS
+        Asked once per crowd size every :data:`RECHECK_TICKS` ticks (the costs keep learning), and
+        again whenever the batch's pricing is another (tests price ticks their own way)."""
+        crowd, epoch, source = len(self._active), self.ticks // RECHECK_TICKS, self.tick_cost
         if crowd < 2:
             return True
         known = self._can_draft.get(crowd)
-        if known is not None and known[0] == epoch:
-            return known[1]
+        if known is not None and known[:2] == (epoch, source):
+            return known[2]
         try:
-            cost = self.tick_cost(range(crowd))  # consecutive ids: a tick without gaps, the cheapest
+            cost = source(range(crowd))  # consecutive ids: a tick without gaps, the cheapest
         except SpecdecError:
             return True
         answer = drafts_can_pay(crowd, cost, MARGIN)
-        self._can_draft[crowd] = (epoch, answer)
+        self._can_draft[crowd] = (epoch, source, answer)
         return answer
 
     def others(self, slot: int) -> int:
