@@ -77,15 +77,9 @@ def test_sequences_that_draft_alike_share_a_forward_that_none_pays_alone():
 
 
 def _split_equal(forward):
-    """A tick as llama.cpp computes streams of unequal rows: one forward per distinct row count,
-    each of the rows up to it of every sequence that still has rows (``forward(rows)`` seconds)."""
-    def tick(rows):
-        levels, done, seconds = sorted(set(r for r in rows if r > 0)), 0, 0.0
-        for level in levels:
-            seconds += forward((level - done) * sum(1 for r in rows if r >= level))
-            done = level
-        return seconds
-    return tick
+    """A tick as llama.cpp computes streams of unequal rows (:func:`forwards`), each forward
+    ``forward(rows)`` seconds."""
+    return lambda rows: sum(forward(n) for n, _ in forwards(range(len(rows)), rows, 4096))
 
 
 def test_a_batch_too_large_for_any_draft_to_pay_is_told_so_before_anyone_drafts():
