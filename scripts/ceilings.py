@@ -5,7 +5,9 @@
 - ``oracle``: a perfect drafter timed beside real drafters on a workload
   (bench-results/qwen-heldout-*-oracle);
 - ``load``: what drafting could raise a batched server's tokens/s by at each load, from the tick
-  costs and the load tests' counters (bench-results/load-ceiling).
+  costs and the load tests' counters (bench-results/load-ceiling);
+- ``single``: what a drafter could make of a load test's 1-client level, its answers replayed
+  and its prompts' time measured (bench-results/single-ceiling).
 
 ``python scripts/ceilings.py SUBCOMMAND --help`` says more of each.
 """
@@ -224,9 +226,27 @@ def replay(turns: list[dict], spec: str, curve: CostModel, vocab_size: int, over
     return tally
 
 
-def record(questions: str, limit: int | None, max_new_tokens: int, out: str) -> None:
+def load_test_questions(sources: str, limit: int | None) -> list:
+    """The questions a load test sends (``scripts/loadtest.py --questions``), in its order: from each
+    set in turn, Spec-Bench's one category after another; a request is a question's first turn."""
+    from dataclasses import replace
+    from itertools import zip_longest
+
+    from specdec.bench.questions import load_questions
+    lists = []
+    for source in sources.split(","):
+        by_category: dict[str, list] = {}
+        for q in load_questions(source):
+            by_category.setdefault(q.category, []).append(replace(q, conversation=None))
+        lists.append([q for round_ in zip_longest(*by_category.values()) for q in round_ if q is not None])
+    mixed = [q for round_ in zip_longest(*lists) for q in round_ if q is not None]
+    return mixed[:limit] if limit else mixed
+
+
+def record(questions: str, limit: int | None, max_new_tokens: int, out: str, load_mix: bool = False) -> None:
     """Plain decoding of a prompt set through the bench's own loop (conversations turn by turn);
-    each turn's prompt and answer, with its question and turn number."""
+    each turn's prompt and answer, with its question and turn number. ``load_mix``: the requests
+    of a load test on ``questions`` instead (:func:`load_test_questions`, the first ``limit``)."""
     import specdec
     from specdec.bench.base import Method, RunResult
     from specdec.bench.methods import MethodFactory
@@ -246,7 +266,8 @@ def record(questions: str, limit: int | None, max_new_tokens: int, out: str) -> 
             turns.append({"prompt": list(prompt_ids), "output": list(result.token_ids)})
             return result
 
-    for question in load_questions(questions, None, limit):
+    chosen = load_test_questions(questions, limit) if load_mix else load_questions(questions, None, limit)
+    for question in chosen:
         run_bench(model, [Recorded()], [question], max_new_tokens, greedy=True)
         mine = [t for t in turns if "qid" not in t]
         # The bench warms up on a short prompt first: not one of the question's turns.
@@ -317,6 +338,85 @@ def oracle(args: argparse.Namespace) -> None:
     (out / "results.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({k: report[k] for k in ("gen_tokens_per_s", "gen_speedup", "mean_accepted_length",
                                              "best_oracle", "best_oracle_over")}, indent=1))
+
+
+# --- single: what drafting could make of a load test's 1-client level ----------------------------
+SINGLE_DOC = """What a drafter could make of a load test's 1-client level on this machine: its answers replayed
+through drafters and the adaptive policy (``replay``), its prompts' time as the load test measured it.
+
+At 1 client a server's time is its prompts' (the same whoever drafts) and its steps'. With ``P``
+the plain server's summed time to first token and ``W`` its wall time, a method whose replayed
+steps are ``s`` times as fast as plain decoding's would make
+
+    predicted = W / (P + (W − P) / s)
+
+times plain's tokens/s. The drafting server's own method (``ngram``) is predicted beside what the
+load test measured, as a check of the replay; ``ngram:cut=32`` (its candidates cut in hindsight
+where the target rejects them: the best any length policy could do with them) and ``oracle`` (the
+target's own answer: the best any drafter could do on this cost curve) bound what a better policy
+or a better drafter could reach.
+
+    # the load test's requests (its --questions and --requests), answered by plain decoding, once:
+    .venv/bin/python scripts/ceilings.py record --load-mix --questions humaneval,spec-bench --limit 16 \\
+        --max-new-tokens 128 --out bench-results/single-ceiling/tuning-answers.json
+    .venv/bin/python scripts/ceilings.py single bench-results/single-ceiling/tuning-answers.json \\
+        --costs ~/.cache/specdec/costs/<key>.json --loadtest bench-results/loadtest-qwen/results.jsonl \\
+        --out bench-results/single-ceiling/tuning.json
+"""
+SINGLE_METHODS = "ngram,ngram:cut=32,oracle"
+
+
+def predicted_ratio(plain_wall: float, prompt_s: float, step_speedup: float) -> float:
+    """Plain's 1-client wall time over a method's whose steps are ``step_speedup`` times as fast,
+    the prompts (``prompt_s`` of ``plain_wall``) as long."""
+    if not 0 <= prompt_s < plain_wall or step_speedup <= 0:
+        raise ValueError(f"need 0 <= prompt_s < plain_wall and a speed-up > 0, got {prompt_s}, {plain_wall}, "
+                         f"{step_speedup}")
+    return plain_wall / (prompt_s + (plain_wall - prompt_s) / step_speedup)
+
+
+def one_client(lines: list[dict], server: str) -> dict:
+    """``server``'s merged line at 1 client of a load test's results."""
+    found = [x for x in lines if x.get("server") == server and x.get("clients") == 1]
+    if len(found) != 1 or "tokens_per_s" not in found[0]:
+        raise SystemExit(f"the load test has no figures of {server} at 1 client")
+    return found[0]
+
+
+def single(args: argparse.Namespace) -> None:
+    """The 1-client predictions of ``args.methods`` on ``args.transcripts``; ``args.out`` (JSON)."""
+    with open(args.costs, encoding="utf-8") as f:
+        seconds, fraction = _parse_seconds(json.load(f))
+    curve = FixedCurve(seconds, fraction * seconds[1])
+    turns = json.loads(Path(args.transcripts).read_text(encoding="utf-8"))["turns"]
+    lines = [json.loads(x) for x in Path(args.loadtest).read_text(encoding="utf-8").splitlines() if x.strip()]
+    plain, drafting = one_client(lines, args.plain_server), one_client(lines, args.server)
+    # A step's own time beside its forward: what the plain server spent outside its ticks' forwards.
+    overhead = args.overhead if args.overhead is not None else plain["outside_ms_per_tick"] / 1000
+    wall, prompt_s = plain["wall_s"], sum(plain["ttfts_s"])
+    base = replay(turns, "plain", curve, args.vocab_size, overhead)
+    methods = {}
+    for spec in args.methods.split(","):
+        t = replay(turns, spec, curve, args.vocab_size, overhead)
+        speedup = (t.tokens / t.seconds) / (base.tokens / base.seconds)
+        methods[spec] = {"step_speedup": round(speedup, 3), "steps": t.forwards,
+                         "predicted_1_client": round(predicted_ratio(wall, prompt_s, speedup), 3)}
+    results = {
+        **provenance(), "command": "scripts/ceilings.py " + shlex.join(sys.argv[1:]), "cpu": machine_tag(),
+        "transcripts": args.transcripts, "answers": len(turns), "tokens": base.tokens, "costs": Path(args.costs).name,
+        "overhead_ms": round(overhead * 1000, 2), "loadtest": args.loadtest,
+        "loadtest_commit": next((x["commit"] for x in lines if "run" in x), None),
+        "loadtest_tokens": plain["tokens"], "plain_wall_s": wall, "prompt_s": round(prompt_s, 2),
+        "prompt_share": round(prompt_s / wall, 3),
+        "measured_1_client": {"server": args.server, "over": args.plain_server,
+                              "ratio": round(drafting["tokens_per_s"] / plain["tokens_per_s"], 3)},
+        "methods": methods,
+    }
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
 
 
 # --- load: what drafting could give a batched server under load ----------------------------------
@@ -422,6 +522,9 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--limit", type=int)
     rec.add_argument("--max-new-tokens", type=int, default=256)
     rec.add_argument("--out", required=True)
+    rec.add_argument("--load-mix", action="store_true",
+                     help="the requests scripts/loadtest.py sends for these --questions (comma-separated sets, "
+                          "taken in turn, first turns only), the first --limit of them")
     rep = sub.add_parser("replay", description=REPLAY_DOC, formatter_class=raw, help="replay them through drafters")
     rep.add_argument("transcripts")
     rep.add_argument("--costs", required=True, help="a cost curve JSON from specdec's cache (costs/)")
@@ -446,13 +549,27 @@ def main(argv: list[str] | None = None) -> None:
                         help="a load test's merged results.jsonl (several: one entry each)")
     lim.add_argument("--server", default="specdec", help="the drafting server whose 1-client counters give c")
     lim.add_argument("--out", default=None, help="a folder for results.json")
+    one = sub.add_parser("single", description=SINGLE_DOC, formatter_class=raw,
+                         help="what a drafter could make of a load test's 1-client level")
+    one.add_argument("transcripts", help="the load test's requests answered (record --load-mix)")
+    one.add_argument("--costs", required=True, help="a cost curve JSON from specdec's cache (costs/)")
+    one.add_argument("--loadtest", required=True, help="a load test's merged results.jsonl")
+    one.add_argument("--server", default="specdec", help="the drafting server measured")
+    one.add_argument("--plain-server", default="specdec-plain", help="the server without drafting")
+    one.add_argument("--methods", default=SINGLE_METHODS)
+    one.add_argument("--vocab-size", type=int, default=151936)
+    one.add_argument("--overhead", type=float, default=None,
+                     help="seconds a step takes beside its forward (default: the plain server's, measured)")
+    one.add_argument("--out", default=None, help="a JSON file for the results")
     args = top.parse_args(argv)
     if args.command == "record":
-        record(args.questions, args.limit, args.max_new_tokens, args.out)
+        record(args.questions, args.limit, args.max_new_tokens, args.out, args.load_mix)
     elif args.command == "oracle":
         oracle(args)
     elif args.command == "load":
         load(args)
+    elif args.command == "single":
+        single(args)
     else:
         replay_report(args)
 

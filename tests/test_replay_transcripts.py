@@ -84,3 +84,63 @@ def test_held_out_questions_are_skipped_by_id_whether_numbers_names_or_edit_task
                  "--skip", "86,HumanEval/16", "--methods", "ngram"])
     plain = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plain"))
     assert f"forwards {len(turns[2]['output']):6d}" in plain  # only the third question's answer was replayed
+
+
+def test_the_one_client_prediction_keeps_the_prompts_time_and_divides_the_steps(script):
+    # 100 s of which 20 s are prompts: steps twice as fast leave 20 + 40 s.
+    assert script.predicted_ratio(100.0, 20.0, 2.0) == pytest.approx(100 / 60)
+    assert script.predicted_ratio(100.0, 0.0, 1.3) == pytest.approx(1.3)
+    assert script.predicted_ratio(100.0, 20.0, 1.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="prompt_s"):
+        script.predicted_ratio(100.0, 120.0, 2.0)
+
+
+def test_single_predicts_each_method_beside_the_load_tests_measured_ratio(script, tmp_path):
+    turns = _turns()
+    (tmp_path / "t.json").write_text(json.dumps({"turns": turns}))
+    curve = script.FixedCurve(CURVE)
+    sizes = {str(n): curve.forward(n) for n in CALIBRATION_SIZES}
+    (tmp_path / "c.json").write_text(json.dumps({**sizes, SWITCH_KEY: 0.0}))
+    lines = [{"run": "scripts/loadtest_servers.sh", "commit": "abc"},
+             {"server": "specdec-plain", "clients": 1, "wall_s": 100.0, "tokens_per_s": 10.0, "tokens": 1000,
+              "ttfts_s": [5.0, 15.0], "outside_ms_per_tick": 0.0},
+             {"server": "specdec", "clients": 1, "wall_s": 80.0, "tokens_per_s": 12.5, "tokens": 1000,
+              "ttfts_s": [5.0, 15.0], "outside_ms_per_tick": 0.0},
+             {"server": "specdec", "clients": 4, "wall_s": 30.0, "tokens_per_s": 33.0}]
+    (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    script.main(["single", str(tmp_path / "t.json"), "--costs", str(tmp_path / "c.json"), "--vocab-size", "512",
+                 "--loadtest", str(tmp_path / "l.jsonl"), "--out", str(tmp_path / "out.json")])
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["prompt_s"] == 20.0 and out["prompt_share"] == 0.2 and out["loadtest_commit"] == "abc"
+    assert out["measured_1_client"] == {"server": "specdec", "over": "specdec-plain", "ratio": 1.25}
+    methods = out["methods"]
+    assert set(methods) == {"ngram", "ngram:cut=32", "oracle"}
+    for m in methods.values():  # each prediction is its replayed steps' speed-up with the prompts' time kept
+        assert m["predicted_1_client"] == pytest.approx(script.predicted_ratio(100.0, 20.0, m["step_speedup"]),
+                                                        abs=2e-3)
+    # The copies make every method faster than plain, and none faster than the oracle.
+    assert 1.0 < methods["ngram"]["step_speedup"] <= methods["ngram:cut=32"]["step_speedup"] + 1e-9
+    assert methods["ngram:cut=32"]["step_speedup"] <= methods["oracle"]["step_speedup"] + 1e-9
+    lines[1]["clients"] = 2  # no plain server at 1 client: said, not a traceback
+    (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with pytest.raises(SystemExit, match="specdec-plain at 1 client"):
+        script.main(["single", str(tmp_path / "t.json"), "--costs", str(tmp_path / "c.json"), "--vocab-size",
+                     "512", "--loadtest", str(tmp_path / "l.jsonl")])
+
+
+def test_the_load_tests_requests_take_each_set_in_turn_and_spec_benchs_categories_in_turn(script):
+    from specdec.bench.questions import load_questions
+    mixed = script.load_test_questions("humaneval,spec-bench", 6)
+    humaneval, spec_bench = load_questions("humaneval"), load_questions("spec-bench")
+    assert [q.prompt for q in mixed[::2]] == [q.prompt for q in humaneval[:3]]
+    categories = list(dict.fromkeys(q.category for q in spec_bench))
+    assert [q.category for q in mixed[1::2]] == categories[:3]  # the first question of each category
+    assert all(q.conversation is None for q in mixed)  # a request is its first turn
+    assert mixed[1].prompt == next(q.prompt for q in spec_bench if q.category == categories[0])
+    # The load test's own order, prompt for prompt.
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from loadtest import mixed_prompts
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert [q.prompt for q in mixed] == mixed_prompts(["humaneval", "spec-bench"])[:6]
