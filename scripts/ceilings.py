@@ -7,7 +7,7 @@
 - ``load``: what drafting could raise a batched server's tokens/s by at each load, from the tick
   costs and the load tests' counters (bench-results/load-ceiling);
 - ``single``: what a drafter could make of a load test's 1-client level, its answers replayed
-  and its prompts' time measured (bench-results/single-ceiling).
+  and its prompts' time measured (bench-results/load-ceiling/one-client-*.json).
 
 ``python scripts/ceilings.py SUBCOMMAND --help`` says more of each.
 """
@@ -276,7 +276,8 @@ def record(questions: str, limit: int | None, max_new_tokens: int, out: str, loa
             t.update(qid=question.question_id, turn=n)
         turns[:] = [t for t in turns if t not in warm]
     with open(out, "w", encoding="utf-8") as f:
-        json.dump({"questions": questions, "max_new_tokens": max_new_tokens, "turns": turns}, f)
+        json.dump({"questions": questions, **({"load_mix": True, "limit": limit} if load_mix else {}),
+                   "max_new_tokens": max_new_tokens, "turns": turns}, f)
 
 
 def held_out(qid, skip: set[str]) -> bool:
@@ -358,10 +359,10 @@ or a better drafter could reach.
 
     # the load test's requests (its --questions and --requests), answered by plain decoding, once:
     .venv/bin/python scripts/ceilings.py record --load-mix --questions humaneval,spec-bench --limit 16 \\
-        --max-new-tokens 128 --out bench-results/single-ceiling/tuning-answers.json
-    .venv/bin/python scripts/ceilings.py single bench-results/single-ceiling/tuning-answers.json \\
+        --max-new-tokens 128 --out bench-results/load-ceiling/one-client-tuning-answers.json
+    .venv/bin/python scripts/ceilings.py single bench-results/load-ceiling/one-client-tuning-answers.json \\
         --costs ~/.cache/specdec/costs/<key>.json --loadtest bench-results/loadtest-qwen/results.jsonl \\
-        --out bench-results/single-ceiling/tuning.json
+        --out bench-results/load-ceiling/one-client-tuning.json
 """
 SINGLE_METHODS = "ngram,ngram:cut=32,oracle"
 
