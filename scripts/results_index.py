@@ -46,7 +46,10 @@ FOLDERS: dict[str, str] = {
                   "(scripts/costs.py ticks); a plain step and a prompt beside stock llama-server's, at a short "
                   "and a long context (scripts/step_check.py: step-check*.json)",
     "load-ceiling": "what drafting could give under load at most, from the tick costs and the load tests' counters, "
-                    "beside servers that did the same work (scripts/ceilings.py load)",
+                    "beside servers that did the same work (scripts/ceilings.py load); one-client-*.json: what a "
+                    "drafter could make of their 1-client level, their requests' answers (one-client-*-answers.json) "
+                    "replayed through drafters on this CPU's cost curve (cost-curve.json), the prompts' time as "
+                    "measured (scripts/ceilings.py single)",
     "loadtest-index": "serving clients that ask about the same files: the per-key index of earlier answers",
     "ray-routing": "Ray Serve routing by prompt prefix against round robin (scripts/ray_routing.py)",
 }
