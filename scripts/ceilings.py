@@ -497,7 +497,7 @@ def load(args: argparse.Namespace) -> None:
                                    "pass_spread": max(f["largest_pass_spread"] for f in twins)}
         runs[Path(path).parent.name] = run
     results = {
-        "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),
+        **provenance(), "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),
         "context": ticks.get("context"), "forward_ms": round(a, 1), "row_ms": round(b, 1),
         # the share of a plain token's cost a draft token verified in its tick's forward saves at most
         "saving": {str(n): round(a / (a + b * n), 3) for n in LEVELS},

@@ -86,7 +86,7 @@ def provenance(folder: Path) -> tuple[str, str, str]:
         path = folder / name
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
-            return (str(data.get("date", "not recorded"))[:10], str(data.get("commit") or data.get("code") or
+            return (str(data["date"])[:10] if data.get("date") else "not recorded", str(data.get("commit") or data.get("code") or
                     "not recorded"), str(data.get("cpu") or data.get("machine") or data.get("device") or "not recorded"))
     jsonl = folder / "results.jsonl"
     if jsonl.exists():
