@@ -31,7 +31,7 @@ from specdec.backends.base import Backend
 from specdec.bench.base import Method, RunResult
 from specdec.bench.methods import MethodFactory
 from specdec.bench.oracle import HindsightCut, OracleDrafter
-from specdec.bench.questions import load_questions
+from specdec.bench.questions import load_questions, mixed_questions
 from specdec.bench.runner import run_bench, summarize
 from specdec.commands.bench import provenance
 from specdec.costs import CostModel, _parse_seconds
@@ -226,27 +226,11 @@ def replay(turns: list[dict], spec: str, curve: CostModel, vocab_size: int, over
     return tally
 
 
-def load_test_questions(sources: str, limit: int | None) -> list:
-    """The questions a load test sends (``scripts/loadtest.py --questions``), in its order: from each
-    set in turn, Spec-Bench's one category after another; a request is a question's first turn."""
-    from dataclasses import replace
-    from itertools import zip_longest
-
-    from specdec.bench.questions import load_questions
-    lists = []
-    for source in sources.split(","):
-        by_category: dict[str, list] = {}
-        for q in load_questions(source):
-            by_category.setdefault(q.category, []).append(replace(q, conversation=None))
-        lists.append([q for round_ in zip_longest(*by_category.values()) for q in round_ if q is not None])
-    mixed = [q for round_ in zip_longest(*lists) for q in round_ if q is not None]
-    return mixed[:limit] if limit else mixed
-
-
 def record(questions: str, limit: int | None, max_new_tokens: int, out: str, load_mix: bool = False) -> None:
     """Plain decoding of a prompt set through the bench's own loop (conversations turn by turn);
     each turn's prompt and answer, with its question and turn number. ``load_mix``: the requests
-    of a load test on ``questions`` instead (:func:`load_test_questions`, the first ``limit``)."""
+    of a load test on ``questions`` instead (comma-separated sets, :func:`~specdec.bench.questions.mixed_questions`,
+    the first ``limit``)."""
     import specdec
     from specdec.bench.base import Method, RunResult
     from specdec.bench.methods import MethodFactory
@@ -266,7 +250,8 @@ def record(questions: str, limit: int | None, max_new_tokens: int, out: str, loa
             turns.append({"prompt": list(prompt_ids), "output": list(result.token_ids)})
             return result
 
-    chosen = load_test_questions(questions, limit) if load_mix else load_questions(questions, None, limit)
+    chosen = (mixed_questions(questions.split(","))[:limit] if load_mix
+              else load_questions(questions, None, limit))
     for question in chosen:
         run_bench(model, [Recorded()], [question], max_new_tokens, greedy=True)
         mine = [t for t in turns if "qid" not in t]

@@ -395,18 +395,11 @@ def wait_ready(url: str, model: str | None = None, *, path: str = "/v1/chat/comp
 
 def mixed_prompts(sources: list[str]) -> list[str]:
     """The prompts of several prompt sets, taken from each in turn (Spec-Bench's one category after
-    another: its first question of each category, then the second, ...)."""
-    from itertools import zip_longest
+    another: its first question of each category, then the second, ...;
+    :func:`specdec.bench.questions.mixed_questions`)."""
+    from specdec.bench.questions import mixed_questions
 
-    from specdec.bench.questions import load_questions
-
-    lists = []
-    for source in sources:
-        by_category: dict[str, list[str]] = {}
-        for q in load_questions(source):
-            by_category.setdefault(q.category, []).append(q.prompt)
-        lists.append([p for round_ in zip_longest(*by_category.values()) for p in round_ if p is not None])
-    return [p for round_ in zip_longest(*lists) for p in round_ if p is not None]
+    return [q.prompt for q in mixed_questions(sources)]
 
 
 def tick_trace_summary(lines: list[dict]) -> dict:

@@ -11,7 +11,7 @@ from importlib import resources
 
 import pytest
 
-from specdec.bench.questions import EDITS, load_questions, prompt_set_names
+from specdec.bench.questions import EDITS, load_questions, mixed_questions, prompt_set_names
 from specdec.cli import main
 from specdec.errors import SpecdecError
 
@@ -220,3 +220,18 @@ def test_bad_request_bodies_are_refused_with_their_line(tmp_path, row, message):
         load_questions(path)
     assert str(err.value).startswith(f"{path}:1")
 
+
+
+def test_a_load_tests_requests_take_each_set_in_turn_and_its_categories_in_turn():
+    mixed = mixed_questions(["humaneval", "spec-bench"])
+    humaneval, spec_bench = load_questions("humaneval"), load_questions("spec-bench")
+    assert len(mixed) == len(humaneval) + len(spec_bench)
+    assert [q.prompt for q in mixed[:6:2]] == [q.prompt for q in humaneval[:3]]
+    categories = list(dict.fromkeys(q.category for q in spec_bench))
+    assert [q.category for q in mixed[1:6:2]] == categories[:3]  # each category's first question first
+    assert mixed[1].prompt == next(q.prompt for q in spec_bench if q.category == categories[0])
+    # A request is one message: a two-turn question keeps its first turn.
+    chats = load_questions("spec-bench-2turn")
+    firsts = mixed_questions(["spec-bench-2turn"])
+    assert chats[0].conversation is not None and all(q.conversation is None for q in firsts)
+    assert firsts[0].prompt == chats[0].prompt and firsts[0].question_id == chats[0].question_id

@@ -127,20 +127,3 @@ def test_single_predicts_each_method_beside_the_load_tests_measured_ratio(script
         script.main(["single", str(tmp_path / "t.json"), "--costs", str(tmp_path / "c.json"), "--vocab-size",
                      "512", "--loadtest", str(tmp_path / "l.jsonl")])
 
-
-def test_the_load_tests_requests_take_each_set_in_turn_and_spec_benchs_categories_in_turn(script):
-    from specdec.bench.questions import load_questions
-    mixed = script.load_test_questions("humaneval,spec-bench", 6)
-    humaneval, spec_bench = load_questions("humaneval"), load_questions("spec-bench")
-    assert [q.prompt for q in mixed[::2]] == [q.prompt for q in humaneval[:3]]
-    categories = list(dict.fromkeys(q.category for q in spec_bench))
-    assert [q.category for q in mixed[1::2]] == categories[:3]  # the first question of each category
-    assert all(q.conversation is None for q in mixed)  # a request is its first turn
-    assert mixed[1].prompt == next(q.prompt for q in spec_bench if q.category == categories[0])
-    # The load test's own order, prompt for prompt.
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from loadtest import mixed_prompts
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    assert [q.prompt for q in mixed] == mixed_prompts(["humaneval", "spec-bench"])[:6]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -86,6 +86,22 @@ def load_questions(source: str | Path, categories: list[str] | None = None, limi
     else:
         questions = [_question(row, f"{name}:{n}") for n, row in _numbered_rows(_read(name), name)]
     return _select(questions, categories, limit, name)
+
+
+def mixed_questions(sources: Iterable[str | Path]) -> list[Question]:
+    """The questions of several sets taken from each in turn, each set's categories in turn (its
+    first question of each category, then the second, ...): the requests of a load test
+    (``scripts/loadtest.py --questions``). A request is one message, so each question keeps only
+    its first turn."""
+    from itertools import zip_longest
+
+    lists = []
+    for source in sources:
+        by_category: dict[str, list[Question]] = {}
+        for q in load_questions(source):
+            by_category.setdefault(q.category, []).append(replace(q, conversation=None))
+        lists.append([q for round_ in zip_longest(*by_category.values()) for q in round_ if q is not None])
+    return [q for round_ in zip_longest(*lists) for q in round_ if q is not None]
 
 
 def _read(name: str) -> str:
