@@ -229,15 +229,8 @@ def replay(turns: list[dict], spec: str, curve: CostModel, vocab_size: int, over
 def record(questions: str, limit: int | None, max_new_tokens: int, out: str, load_mix: bool = False) -> None:
     """Plain decoding of a prompt set through the bench's own loop (conversations turn by turn);
     each turn's prompt and answer, with its question and turn number. ``load_mix``: the requests
-    of a load test on ``questions`` instead (comma-separated sets, :func:`~specdec.bench.questions.mixed_questions`,
-    the first ``limit``)."""
-    import specdec
-    from specdec.bench.base import Method, RunResult
-    from specdec.bench.methods import MethodFactory
-    from specdec.bench.questions import load_questions
-    from specdec.bench.runner import run_bench
-    from specdec.options import GenerationOptions
-
+    of a load test on ``questions`` instead (comma-separated sets,
+    :func:`~specdec.bench.questions.mixed_questions`, the first ``limit``)."""
     model = specdec.load("qwen2.5-coder-1.5b", backend="llamacpp")
     plain = MethodFactory(model, "qwen2.5-coder-1.5b", "llamacpp", "auto", GenerationOptions()).build("plain")
     turns: list[dict] = []
@@ -327,8 +320,9 @@ def oracle(args: argparse.Namespace) -> None:
 
 
 # --- single: what drafting could make of a load test's 1-client level ----------------------------
-SINGLE_DOC = """What a drafter could make of a load test's 1-client level on this machine: its answers replayed
-through drafters and the adaptive policy (``replay``), its prompts' time as the load test measured it.
+SINGLE_DOC = """What a drafter could make of a load test's 1-client level on this machine: its answers
+replayed through drafters and the adaptive policy (``replay``), its prompts' time as the load test
+measured it.
 
 At 1 client a server's time is its prompts' (the same whoever drafts) and its steps'. With ``P``
 the plain server's summed time to first token and ``W`` its wall time, a method whose replayed
@@ -389,7 +383,8 @@ def single(args: argparse.Namespace) -> None:
                          "predicted_1_client": round(predicted_ratio(wall, prompt_s, speedup), 3)}
     results = {
         **provenance(), "command": "scripts/ceilings.py " + shlex.join(sys.argv[1:]), "cpu": machine_tag(),
-        "transcripts": args.transcripts, "answers": len(turns), "tokens": base.tokens, "costs": Path(args.costs).name,
+        "transcripts": args.transcripts, "answers": len(turns), "tokens": base.tokens,
+        "costs": Path(args.costs).name,
         "overhead_ms": round(overhead * 1000, 2), "loadtest": args.loadtest,
         "loadtest_commit": next((x["commit"] for x in lines if "run" in x), None),
         "loadtest_tokens": plain["tokens"], "plain_wall_s": wall, "prompt_s": round(prompt_s, 2),
@@ -436,8 +431,7 @@ def ceiling(share: float, a: float, b: float, n: int, rejected_per_accepted: flo
 def drafting_counts(lines: list[dict], server: str) -> tuple[float, float]:
     """(share of generated tokens that were accepted draft tokens, rejected rows per accepted
     token) of ``server`` at 1 client, from a load test's tick counters."""
-    (line,) = [x for x in lines if x.get("server") == server and x.get("clients") == 1]
-    counts = line["counts"]
+    counts = one_client(lines, server)["counts"]
     return counts["accepted"] / counts["generated"], (counts["drafted"] - counts["accepted"]) / counts["accepted"]
 
 
@@ -482,7 +476,8 @@ def load(args: argparse.Namespace) -> None:
                                    "pass_spread": max(f["largest_pass_spread"] for f in twins)}
         runs[Path(path).parent.name] = run
     results = {
-        **provenance(), "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"), "cpu": ticks.get("cpu"),
+        **provenance(), "ticks": args.ticks, "tick_costs_commit": ticks.get("commit"),
+        "cpu": ticks.get("cpu"),
         "context": ticks.get("context"), "forward_ms": round(a, 1), "row_ms": round(b, 1),
         # the share of a plain token's cost a draft token verified in its tick's forward saves at most
         "saving": {str(n): round(a / (a + b * n), 3) for n in LEVELS},
@@ -509,8 +504,8 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--max-new-tokens", type=int, default=256)
     rec.add_argument("--out", required=True)
     rec.add_argument("--load-mix", action="store_true",
-                     help="the requests scripts/loadtest.py sends for these --questions (comma-separated sets, "
-                          "taken in turn, first turns only), the first --limit of them")
+                     help="the requests scripts/loadtest.py sends for these --questions (comma-separated "
+                          "sets, taken in turn, first turns only), the first --limit of them")
     rep = sub.add_parser("replay", description=REPLAY_DOC, formatter_class=raw, help="replay them through drafters")
     rep.add_argument("transcripts")
     rep.add_argument("--costs", required=True, help="a cost curve JSON from specdec's cache (costs/)")

@@ -46,10 +46,10 @@ FOLDERS: dict[str, str] = {
                   "(scripts/costs.py ticks); a plain step and a prompt beside stock llama-server's, at a short "
                   "and a long context (scripts/step_check.py: step-check*.json)",
     "load-ceiling": "what drafting could give under load at most, from the tick costs and the load tests' counters, "
-                    "beside servers that did the same work (scripts/ceilings.py load); one-client-*.json: what a "
-                    "drafter could make of their 1-client level, their requests' answers (one-client-*-answers.json) "
-                    "replayed through drafters on this CPU's cost curve (cost-curve.json), the prompts' time as "
-                    "measured (scripts/ceilings.py single)",
+                    "beside servers that did the same work (scripts/ceilings.py load); one-client-*.json: "
+                    "what a drafter could make of their 1-client level, their requests' answers "
+                    "(one-client-*-answers.json) replayed through drafters on this CPU's cost curve "
+                    "(cost-curve.json), the prompts' time as measured (scripts/ceilings.py single)",
     "loadtest-index": "serving clients that ask about the same files: the per-key index of earlier answers",
     "ray-routing": "Ray Serve routing by prompt prefix against round robin (scripts/ray_routing.py)",
 }
@@ -86,8 +86,9 @@ def provenance(folder: Path) -> tuple[str, str, str]:
         path = folder / name
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
-            return (str(data["date"])[:10] if data.get("date") else "not recorded", str(data.get("commit") or data.get("code") or
-                    "not recorded"), str(data.get("cpu") or data.get("machine") or data.get("device") or "not recorded"))
+            date = str(data["date"])[:10] if data.get("date") else "not recorded"
+            return (date, str(data.get("commit") or data.get("code") or "not recorded"),
+                    str(data.get("cpu") or data.get("machine") or data.get("device") or "not recorded"))
     jsonl = folder / "results.jsonl"
     if jsonl.exists():
         # A load test's lines; since scripts/loadtest_servers.sh records it, one says where and when.

@@ -116,8 +116,8 @@ def test_single_predicts_each_method_beside_the_load_tests_measured_ratio(script
     methods = out["methods"]
     assert set(methods) == {"ngram", "ngram:cut=32", "oracle"}
     for m in methods.values():  # each prediction is its replayed steps' speed-up with the prompts' time kept
-        assert m["predicted_1_client"] == pytest.approx(script.predicted_ratio(100.0, 20.0, m["step_speedup"]),
-                                                        abs=2e-3)
+        expected = script.predicted_ratio(100.0, 20.0, m["step_speedup"])
+        assert m["predicted_1_client"] == pytest.approx(expected, abs=2e-3)
     # The copies make every method faster than plain, and none faster than the oracle.
     assert 1.0 < methods["ngram"]["step_speedup"] <= methods["ngram:cut=32"]["step_speedup"] + 1e-9
     assert methods["ngram:cut=32"]["step_speedup"] <= methods["oracle"]["step_speedup"] + 1e-9

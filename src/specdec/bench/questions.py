@@ -41,6 +41,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from itertools import zip_longest
 from pathlib import Path
 
 from specdec.bench.conversations import Conversation, RepairLoop, ScriptedTurns
@@ -93,8 +94,6 @@ def mixed_questions(sources: Iterable[str | Path]) -> list[Question]:
     first question of each category, then the second, ...): the requests of a load test
     (``scripts/loadtest.py --questions``). A request is one message, so each question keeps only
     its first turn."""
-    from itertools import zip_longest
-
     lists = []
     for source in sources:
         by_category: dict[str, list[Question]] = {}
